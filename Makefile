@@ -1,0 +1,20 @@
+# The two entry points of the README. Each bootstraps the venv first (a no-op when current).
+VENV ?= .venv
+export TAILPROOF_VENV := $(VENV)
+
+.PHONY: check test venv lint bench
+
+venv:
+	@./scripts/bootstrap.sh
+
+check: venv
+	$(VENV)/bin/tailproof check
+
+test: venv
+	$(VENV)/bin/python -m pytest
+
+lint: venv
+	$(VENV)/bin/ruff check .
+
+bench: venv
+	$(VENV)/bin/python -m pytest benchmarks --benchmark-only

@@ -1,0 +1,116 @@
+"""Boundary arithmetic of partial-tail caching, written once and generic over its numbers.
+
+The reference model evaluates these functions on Python ints; ``spec/z3`` proves lemmas about
+the very same functions on z3 integer terms (a proof about a copy proves nothing about the
+original). Only ``+ - * // %``, comparisons and the helpers ``floor_div``/``ite``/``max2``/``min2``
+are used, each dispatching on the operand type. Non-negative operands are assumed throughout.
+"""
+
+from __future__ import annotations
+
+from math import gcd
+from typing import Any
+
+Num = Any  # an int, or a z3 ArithRef / BoolRef when proving
+
+
+def _is_symbolic(*xs: Num) -> bool:
+    return any(type(x).__module__.startswith("z3") for x in xs)
+
+
+def floor_div(a: Num, b: Num) -> Num:
+    """a // b for non-negative a and positive b (z3 integer ``/`` agrees there)."""
+    return a / b if _is_symbolic(a, b) else a // b
+
+
+def ite(cond: Num, a: Num, b: Num) -> Num:
+    """``a if cond else b``, symbolic-safe."""
+    if _is_symbolic(cond, a, b):
+        import z3
+
+        return z3.If(cond, a, b)
+    return a if cond else b
+
+
+def max2(a: Num, b: Num) -> Num:
+    return ite(a >= b, a, b)
+
+
+def min2(a: Num, b: Num) -> Num:
+    return ite(a <= b, a, b)
+
+
+def cdiv(a: Num, b: Num) -> Num:
+    """Ceiling division, mirrors ``vllm.utils.math_utils.cdiv``."""
+    return floor_div(a + b - 1, b)
+
+
+def round_down(a: Num, m: Num) -> Num:
+    return floor_div(a, m) * m
+
+
+def lcm_all(sizes: list[int]) -> int:
+    """Scheduler block size of a hybrid model: the lcm of the group block sizes
+    (mirrors ``kv_cache_utils.resolve_kv_cache_block_sizes``)."""
+    out = 1
+    for s in sizes:
+        out = out * s // gcd(out, s)
+    return out
+
+
+def checkpoint_position(num_tokens: Num, h: Num, drop_eagle: Num, lookahead: Num = 0) -> Num:
+    """ck(P): the Mamba partial-tail boundary of a prompt of ``num_tokens`` tokens.
+
+    Mirrors ``vllm.v1.kv_cache_interface.get_mamba_prefill_checkpoint_position``: the largest
+    multiple of h that leaves at least one token (or the hash lookahead) to recompute; with
+    EAGLE's block drop, one hash unit below the floor of P.
+    """
+    proof_limit = ite(drop_eagle, num_tokens, num_tokens - max2(1, lookahead))
+    pos = round_down(proof_limit, h)
+    pos = ite(drop_eagle, pos - h, pos)
+    return max2(pos, 0)
+
+
+def eagle_proof_margin(block_size: Num, h: Num, fine_grained: Num) -> Num:
+    """Tokens an EAGLE group matches past a hit before dropping them
+    (mirrors ``kv_cache_utils.eagle_proof_margin``)."""
+    return ite(fine_grained, ite(block_size > h, h, block_size), block_size)
+
+
+def hit_alignment(h: int, scheduler_block_size: int, partial_hits: bool) -> int:
+    """A: the unit every cache hit is a multiple of (``HybridKVCacheCoordinator``, CO:709-716)."""
+    return h if partial_hits else scheduler_block_size
+
+
+def fine_grained(block_size: Num, alignment: Num) -> Num:
+    """Whether a group probes inside a block (``FullAttentionManager.find_longest_cache_hit``)."""
+    if _is_symbolic(block_size, alignment):
+        import z3
+
+        return z3.And(alignment < block_size, block_size % alignment == 0)
+    return alignment < block_size and block_size % alignment == 0
+
+
+def aligned_lookup_length(num_tokens: Num, alignment: Num) -> Num:
+    """Longest length a lookup may report: floor to A (``MooncakeStoreCoordinator``)."""
+    return round_down(num_tokens, alignment)
+
+
+def tail_put_range(boundary: Num, lcm: Num, block_size: Num, margin: Num) -> tuple[Num, Num]:
+    """Block index range ``[first, end)`` of a smaller group's attention tail puts.
+
+    Normal saves stop at the lcm floor, so blocks from ``floor(boundary, lcm)`` up to the
+    boundary plus the EAGLE proof margin are put explicitly
+    (mirrors ``mooncake.store.scheduler._partial_tail_non_mamba_puts``).
+    """
+    start = round_down(boundary, lcm)
+    proof_end = boundary + margin
+    return floor_div(start, block_size), cdiv(proof_end, block_size)
+
+
+def clip_joint_hit(candidate: Num, group_hits: list[Num]) -> Num:
+    """A joint hybrid hit: the smallest of the per-group hits, never above the candidate."""
+    out = candidate
+    for g in group_hits:
+        out = min2(out, g)
+    return out
