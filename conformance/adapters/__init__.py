@@ -1,0 +1,81 @@
+"""Adapter registry: each name pairs a core backend with an optional connector.
+
+Entries are import paths so that naming an adapter imports only what it needs (vLLM is
+imported only by the adapters that run it).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+from tailproof.conformance.driver import CoreDriver
+from tailproof.conformance.trace import TraceConfig
+
+_REF_CORE = "tailproof.conformance.adapters.reference_core:ReferenceCoreBackend"
+_VLLM_CORE = "tailproof.conformance.adapters.vllm_core:VllmCoreBackend"
+
+
+@dataclass(frozen=True)
+class AdapterSpec:
+    name: str
+    core: str
+    connector: str | None
+    summary: str
+
+
+ADAPTERS: dict[str, AdapterSpec] = {a.name: a for a in [
+    AdapterSpec("reference", _REF_CORE,
+                "tailproof.conformance.adapters.reference_connector:ReferenceConnector",
+                "pure-Python reference model (core + connector)"),
+    AdapterSpec("vllm", _VLLM_CORE, None, "vLLM 0.33 KVCacheManager (core ops only)"),
+    AdapterSpec("vllm-mooncake", _VLLM_CORE,
+                "tailproof.conformance.adapters.vllm_mooncake:VllmMooncakeConnector",
+                "vLLM 0.33 KVCacheManager + MooncakeStoreScheduler + sending thread"),
+    AdapterSpec("impl", _VLLM_CORE, "tailproof.conformance.adapters.impl:ImplConnector",
+                "vLLM 0.33 KVCacheManager + TailproofConnector with real KV tensors"),
+]}
+
+
+class AdapterUnavailable(RuntimeError):
+    """An adapter whose code or dependencies are not installed here."""
+
+
+def _load(path: str) -> Any:
+    module, _, attr = path.partition(":")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise AdapterUnavailable(f"{path}: {e}") from e
+
+
+def make_driver(name: str, config: TraceConfig) -> CoreDriver:
+    """A fresh driver for one trace on the named adapter."""
+    if name not in ADAPTERS:
+        raise KeyError(f"unknown adapter {name!r}; known: {', '.join(ADAPTERS)}")
+    spec = ADAPTERS[name]
+    core = _load(spec.core)(config)
+    connector = None
+    if spec.connector is not None:
+        try:
+            cls = _load(spec.connector)
+        except AdapterUnavailable:
+            if name != "reference":
+                raise
+            cls = None  # the reference connector model is optional for core-only runs
+        if cls is not None:
+            connector = cls(config, core)
+    return CoreDriver(config, core, connector)
+
+
+def available(name: str) -> bool:
+    """Whether the adapter's code and dependencies import here."""
+    spec = ADAPTERS[name]
+    try:
+        _load(spec.core)
+        if spec.connector and name != "reference":
+            _load(spec.connector)
+    except AdapterUnavailable:
+        return False
+    return True

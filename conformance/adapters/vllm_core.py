@@ -1,0 +1,226 @@
+"""``CoreBackend`` over vLLM 0.33's real ``KVCacheManager`` on CPU (the peer nobody here wrote).
+
+Chunks are planned by the scheduler's own ``Scheduler._mamba_block_aligned_split``, called
+unbound on a stand-in ``self`` that carries exactly the attributes it reads. Hash keys are
+mapped back to ``(group, boundary_tokens)`` through the block hashes of every request seen.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from types import SimpleNamespace
+from typing import Any
+
+from tailproof.conformance.backend import RequestView
+from tailproof.conformance.trace import TraceConfig
+
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+warnings.filterwarnings("ignore", module="vllm")
+
+
+def _vllm() -> SimpleNamespace:
+    """Import the vLLM pieces lazily (a cold import takes seconds)."""
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import init_none_hash
+
+    init_none_hash(sha256)
+    return SimpleNamespace(**locals())
+
+
+class VllmCoreBackend:
+    """Drives one ``KVCacheManager`` the way ``Scheduler.schedule`` does."""
+
+    def __init__(self, config: TraceConfig) -> None:
+        v = self.v = _vllm()
+        self.config = config
+        groups = []
+        for i, g in enumerate(config.groups):
+            if g.is_mamba:
+                spec = v.MambaSpec(block_size=g.block_size, shapes=((1,), (1,)),
+                                   dtypes=(v.torch.float32, v.torch.float32),
+                                   mamba_cache_mode="align")
+            else:
+                spec = v.FullAttentionSpec(block_size=g.block_size, num_kv_heads=1,
+                                           head_size=1, dtype=v.torch.float32)
+            groups.append(v.KVCacheGroupSpec([f"layer{i}"], spec, is_eagle_group=g.eagle))
+        kv_config = v.KVCacheConfig(num_blocks=config.num_blocks, kv_cache_tensors=[],
+                                    kv_cache_groups=groups)
+        self.manager = v.KVCacheManager(
+            kv_config, max_model_len=config.max_model_len,
+            scheduler_block_size=config.scheduler_block_size,
+            hash_block_size=config.hash_block_size, enable_caching=config.enable_caching,
+            use_eagle=config.use_eagle)
+        self.block_pool = self.manager.block_pool
+        self.requests: dict[str, Any] = {}
+        self.pending: dict[str, tuple[Any, int]] = {}
+        self._boundary_of: dict[bytes, int] = {}
+        self._hashed: dict[int, int] = {}  # id(request) -> hashes already mapped
+        self._all_requests: list[Any] = []
+        self._split_self = self._make_split_self()
+
+    def _make_split_self(self) -> SimpleNamespace | None:
+        """The attributes ``Scheduler._mamba_block_aligned_split`` reads (SC:546-662)."""
+        cfg = self.config
+        mamba = [g.block_size for g in cfg.groups if g.is_mamba]
+        if not mamba:
+            return None  # need_mamba_block_aligned_split is False: no split
+        partial = (cfg.hash_block_size < cfg.scheduler_block_size
+                   and self.manager.coordinator.enable_partial_hash_hits)
+        return SimpleNamespace(
+            block_size=cfg.scheduler_block_size,
+            cache_config=SimpleNamespace(block_size=max(mamba)),
+            hash_block_size=cfg.hash_block_size,
+            max_num_scheduled_tokens=cfg.max_num_scheduled_tokens,
+            scheduler_config=SimpleNamespace(
+                long_prefill_token_threshold=cfg.long_prefill_token_threshold),
+            use_eagle_block_drop=cfg.use_eagle,
+            num_hash_lookahead_tokens=0,
+            mamba_partial_cache_hit=partial,
+            mamba_has_prefill_checkpoint_blocks=False,
+            mamba_prefill_checkpoint_alignment=None,
+            mamba_shared_prefix_checkpoint=False,
+        )
+
+    # -- requests -----------------------------------------------------------------------
+    def add_request(self, rid: str, prompt: list[int], max_tokens: int) -> int:
+        v = self.v
+        sp = v.SamplingParams(max_tokens=max_tokens)
+        sp.update_from_generation_config({}, eos_token_id=None)
+        req = v.Request(rid, list(prompt), sampling_params=sp, pooling_params=None,
+                        block_hasher=v.get_request_block_hasher(self.config.hash_block_size,
+                                                                v.sha256))
+        self.requests[rid] = req
+        self._all_requests.append(req)
+        return len(req.block_hashes)
+
+    def append_output(self, rid: str, tokens: list[int]) -> int:
+        req = self.requests[rid]
+        req.append_output_token_ids(list(tokens))
+        return len(req.block_hashes)
+
+    def get(self, rid: str) -> RequestView:
+        r = self.requests[rid]
+        return RequestView(r.num_tokens, r.num_prompt_tokens, r.num_computed_tokens,
+                           r.num_in_flight_tokens)
+
+    def set_counters(self, rid: str, *, num_computed_tokens: int | None = None,
+                     num_in_flight_tokens: int | None = None) -> None:
+        r = self.requests[rid]
+        if num_computed_tokens is not None:
+            r.num_computed_tokens = num_computed_tokens
+            if r.status in (self.v.RequestStatus.WAITING, self.v.RequestStatus.PREEMPTED):
+                r.status = self.v.RequestStatus.RUNNING
+        if num_in_flight_tokens is not None:
+            r.num_in_flight_tokens = num_in_flight_tokens
+
+    def new_step(self) -> None:
+        self.manager.new_step_starts()
+
+    # -- lookup, planning, allocation ---------------------------------------------------
+    def lookup(self, rid: str, max_len: int | None) -> tuple[int, list[list[int]]]:
+        req = self.requests[rid]
+        if max_len is None:
+            blocks, hit, _ = self.manager.get_computed_blocks(req)
+        else:
+            blocks, hit, _ = self.manager.get_computed_blocks(req, max_len)
+        self.pending[rid] = (blocks, hit)
+        return hit, [list(ids) for ids in blocks.get_block_ids()]
+
+    def plan_chunk(self, rid: str, num_new_tokens: int, hit_tokens: int, external: int) -> int:
+        if self._split_self is None:
+            return num_new_tokens
+        return self.v.Scheduler._mamba_block_aligned_split(
+            self._split_self, self.requests[rid], num_new_tokens, hit_tokens, external)
+
+    def allocate(self, rid: str, num_new_tokens: int, *, use_hit: bool, external: int,
+                 delay_cache: bool, lookahead: int) -> list[list[int]] | None:
+        req = self.requests[rid]
+        blocks, hit = self.pending.pop(rid, (None, 0))
+        if not use_hit:
+            blocks, hit = None, 0
+        new = self.manager.allocate_slots(
+            req, num_new_tokens, num_new_computed_tokens=hit, new_computed_blocks=blocks,
+            num_lookahead_tokens=lookahead, num_external_computed_tokens=external,
+            delay_cache_blocks=delay_cache)
+        if new is None:
+            return None
+        # Scheduler.schedule: request.num_computed_tokens = hit + external (SC:1537).
+        req.num_computed_tokens += hit + external
+        req.status = self.v.RequestStatus.RUNNING
+        return [list(ids) for ids in new.get_block_ids()]
+
+    def truncate(self, rid: str, num_tokens: int) -> list[list[int]]:
+        blocks, _ = self.pending[rid]
+        out = self.manager.truncate_computed_blocks(blocks, num_tokens)
+        return [list(ids) for ids in out.get_block_ids()]
+
+    # -- copies, hand-offs, finish ------------------------------------------------------
+    def drain_copies(self) -> tuple[list[tuple[int, int]], list[int]]:
+        copies, retained = self.manager.take_kv_cache_block_copies()
+        self._retained_blocks = {b.block_id: b for b in retained}
+        return [(c.src_block_id, c.dst_block_id) for c in copies], [b.block_id for b in retained]
+
+    def release(self, block_ids: list[int]) -> None:
+        self.block_pool.free_blocks(self.block_pool.blocks[i] for i in block_ids)
+
+    def drain_offloads(self) -> list[tuple[str, int, int, int]]:
+        out = self.manager.take_boundary_state_offloads()
+        return [(rid, g, blk, b) for rid, entries in out.items() for g, blk, b in entries]
+
+    def finalize_tail(self, rid: str) -> list[tuple[int, int, int]]:
+        return list(self.manager.finalize_partial_tail_offloads(self.requests[rid]))
+
+    def free(self, rid: str) -> None:
+        req = self.requests[rid]
+        self.manager.free(req)
+        req.status = self.v.RequestStatus.FINISHED_ABORTED
+
+    def preempt(self, rid: str) -> None:
+        """Mirrors the block side of ``Scheduler._preempt_request`` (SC:1799-1847)."""
+        req = self.requests[rid]
+        self.manager.free(req)
+        req.status = self.v.RequestStatus.PREEMPTED
+        req.num_computed_tokens = 0
+
+    def evict(self, block_ids: set[int]) -> None:
+        self.manager.evict_blocks(block_ids)
+
+    def reset(self) -> bool:
+        return self.manager.reset_prefix_cache()
+
+    def table(self, rid: str) -> list[list[int]]:
+        return [list(ids) for ids in self.manager.get_block_ids(rid)]
+
+    # -- inspection ---------------------------------------------------------------------
+    def num_free(self) -> int:
+        return self.block_pool.get_num_free_blocks()
+
+    def refcounts(self) -> dict[int, int]:
+        return {b.block_id: b.ref_cnt for b in self.block_pool.blocks[1:] if b.ref_cnt > 0}
+
+    def free_queue(self) -> list[int]:
+        q = self.block_pool.free_block_queue
+        out, b = [], q.fake_free_list_head.next_free_block
+        while b is not None and b is not q.fake_free_list_tail:
+            out.append(b.block_id)
+            b = b.next_free_block
+        return out
+
+    def _boundary(self, block_hash: bytes) -> int:
+        h = self.config.hash_block_size
+        for req in self._all_requests:
+            seen = self._hashed.get(id(req), 0)
+            for k in range(seen, len(req.block_hashes)):
+                self._boundary_of[bytes(req.block_hashes[k])] = (k + 1) * h
+            self._hashed[id(req)] = len(req.block_hashes)
+        return self._boundary_of[block_hash]
+
+    def keys(self) -> list[tuple[int, int, int]]:
+        out = []
+        for key, val in self.block_pool.cached_block_hash_to_block._cache.items():
+            group = int.from_bytes(key[-4:], "big")
+            boundary = self._boundary(bytes(key[:-4]))
+            blocks = val.values() if isinstance(val, dict) else [val]
+            out.extend((group, boundary, b.block_id) for b in blocks)
+        return sorted(out)

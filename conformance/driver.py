@@ -1,0 +1,192 @@
+"""Turn trace ops into calls on a ``CoreBackend`` (and an optional connector) and build the
+observation of each op.
+
+Every adapter shares this driver, so two implementations can only differ in what they do,
+never in how their results are written down. Each observation is a plain JSON object and
+always carries ``free`` (the free-block count after the op); an op that raises observes
+``{"error": "<ExceptionClass>"}`` so that an assertion in one implementation and not in
+another is a divergence, not a crash.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from tailproof.conformance.backend import CoreBackend
+from tailproof.conformance.ops import CORE_OPS
+from tailproof.conformance.trace import TraceConfig
+
+Observation = dict[str, Any]
+
+
+class Connector(Protocol):
+    """The connector half of an adapter: runs the connector ops of a trace."""
+
+    ops: frozenset[str]
+
+    def apply(self, op: dict[str, Any], driver: CoreDriver) -> Observation:
+        """Run one connector op and return its observation (without ``free``)."""
+
+
+class CoreDriver:
+    """Runs one trace's ops on one backend, keeping the per-trace bookkeeping that the
+    scheduler keeps around the manager (pending hits, planned chunks, retained handles)."""
+
+    def __init__(self, config: TraceConfig, core: CoreBackend,
+                 connector: Connector | None = None) -> None:
+        self.config = config
+        self.core = core
+        self.connector = connector
+        self.hits: dict[str, int] = {}  # pending lookup hit per request
+        self.planned: dict[str, int] = {}  # last plan_chunk result per request
+        self.last_alloc: dict[str, int] = {}  # num_new_tokens of the last allocate
+        self.retained: dict[int, list[int]] = {}  # drained, unreleased CoW retentions
+        self.next_handle = 0
+        self.last_offloads: list[tuple[str, int, int, int]] = []  # (rid, group, block, bnd)
+        self.step_allocations: dict[str, list[list[int]]] = {}  # new blocks this step
+        self.step_scheduled: dict[str, int] = {}  # tokens allocated per request this step
+
+    def supports(self, name: str) -> bool:
+        return name in CORE_OPS or (self.connector is not None and name in self.connector.ops)
+
+    def apply(self, op: dict[str, Any]) -> Observation | None:
+        """Observation of ``op``, or None when this adapter does not run that op."""
+        name = op["op"]
+        if not self.supports(name):
+            return None
+        try:
+            if name in CORE_OPS:
+                obs = getattr(self, f"_op_{name}")(op)
+            else:
+                assert self.connector is not None
+                obs = self.connector.apply(op, self)
+        except Exception as e:  # noqa: BLE001 - an implementation's failure is data
+            obs = {"error": type(e).__name__}
+        obs["free"] = self.core.num_free()
+        return obs
+
+    # -- requests and steps -------------------------------------------------------------
+    def _op_add_request(self, op: dict[str, Any]) -> Observation:
+        self.hits.pop(op["rid"], None)
+        return {"num_hashes": self.core.add_request(op["rid"], op["tokens"], op["max_tokens"])}
+
+    def _op_append_output(self, op: dict[str, Any]) -> Observation:
+        return {"num_hashes": self.core.append_output(op["rid"], op["tokens"])}
+
+    def _op_new_step(self, op: dict[str, Any]) -> Observation:
+        self.core.new_step()
+        self.step_allocations.clear()
+        self.step_scheduled.clear()
+        return {}
+
+    def _op_commit(self, op: dict[str, Any]) -> Observation:
+        rid = op["rid"]
+        n = op["n"] if op["n"] is not None else self.last_alloc.get(rid, 0)
+        computed = self.core.get(rid).num_computed_tokens + n
+        self.core.set_counters(rid, num_computed_tokens=computed)
+        return {"computed": computed}
+
+    def _op_set_in_flight(self, op: dict[str, Any]) -> Observation:
+        self.core.set_counters(op["rid"], num_in_flight_tokens=op["n"])
+        return {}
+
+    # -- lookup, planning, allocation ---------------------------------------------------
+    def _op_lookup(self, op: dict[str, Any]) -> Observation:
+        hit, blocks = self.core.lookup(op["rid"], op["max_len"])
+        self.hits[op["rid"]] = hit
+        return {"hit": hit, "blocks": blocks}
+
+    def _op_plan_chunk(self, op: dict[str, Any]) -> Observation:
+        """Mirrors how ``Scheduler.schedule`` sizes a prefill chunk before the Mamba split:
+        remaining tokens, capped by the long-prefill threshold and the token budget."""
+        rid = op["rid"]
+        view = self.core.get(rid)
+        hit = self.hits.get(rid, 0) if op["use_hit"] else 0
+        start = view.num_computed_tokens + hit + op["external"]
+        num_new = max(0, view.num_tokens - start)
+        threshold = self.config.long_prefill_token_threshold
+        if 0 < threshold < num_new:
+            num_new = threshold
+        budget = op["budget"] if op["budget"] is not None else self.config.max_num_scheduled_tokens
+        num_new = min(num_new, budget)
+        chunk = self.core.plan_chunk(rid, num_new, hit, op["external"]) if num_new else 0
+        self.planned[rid] = chunk
+        return {"chunk": chunk}
+
+    def _op_allocate(self, op: dict[str, Any]) -> Observation:
+        rid = op["rid"]
+        n = self.planned.get(rid, 0) if op["n"] == "plan" else op["n"]
+        new = self.core.allocate(rid, n, use_hit=op["use_hit"], external=op["external"],
+                                 delay_cache=op["delay_cache"], lookahead=op["lookahead"])
+        self.hits.pop(rid, None)
+        self.last_alloc[rid] = n
+        if new is not None:
+            self.step_allocations[rid] = new
+            self.step_scheduled[rid] = self.step_scheduled.get(rid, 0) + n
+        return {"ok": new is not None, "new": new}
+
+    def _op_truncate(self, op: dict[str, Any]) -> Observation:
+        return {"blocks": self.core.truncate(op["rid"], op["n"])}
+
+    # -- copies, hand-offs, finish ------------------------------------------------------
+    def _op_drain_copies(self, op: dict[str, Any]) -> Observation:
+        copies, retained = self.core.drain_copies()
+        handle = None
+        if retained:
+            handle = self.next_handle
+            self.next_handle += 1
+            self.retained[handle] = retained
+        return {"copies": [list(c) for c in copies], "retained": retained, "handle": handle}
+
+    def _op_release_retained(self, op: dict[str, Any]) -> Observation:
+        handle = op["handle"] if op["handle"] is not None else min(self.retained, default=None)
+        if handle is None or handle not in self.retained:
+            raise KeyError(f"no unreleased retention handle {handle}")
+        self.core.release(self.retained.pop(handle))
+        return {}
+
+    def _op_drain_offloads(self, op: dict[str, Any]) -> Observation:
+        self.last_offloads = self.core.drain_offloads()
+        sizes = self.config.block_sizes
+        return {"offloads": [
+            {"rid": rid, "group": g, "boundary": b, "block": blk,
+             "kind": "tail" if b % sizes[g] else "aligned"}
+            for rid, g, blk, b in self.last_offloads
+        ]}
+
+    def _op_finalize_tail(self, op: dict[str, Any]) -> Observation:
+        tails = self.core.finalize_tail(op["rid"])
+        return {"tails": [{"group": g, "boundary": b, "block": blk} for g, blk, b in tails]}
+
+    def _op_free(self, op: dict[str, Any]) -> Observation:
+        self.core.free(op["rid"])
+        self.hits.pop(op["rid"], None)
+        return {}
+
+    def _op_preempt(self, op: dict[str, Any]) -> Observation:
+        self.core.preempt(op["rid"])
+        self.hits.pop(op["rid"], None)
+        return {}
+
+    # -- eviction, reset, inspection ----------------------------------------------------
+    def _op_evict(self, op: dict[str, Any]) -> Observation:
+        if op["blocks"] is not None:
+            ids = set(op["blocks"])
+        else:
+            wanted = {tuple(k) for k in op["keys"]}
+            ids = {blk for g, b, blk in self.core.keys() if (g, b) in wanted}
+        self.core.evict(ids)
+        return {"evicted": sorted(ids)}
+
+    def _op_reset(self, op: dict[str, Any]) -> Observation:
+        return {"ok": self.core.reset()}
+
+    def _op_snapshot(self, op: dict[str, Any]) -> Observation:
+        return {
+            "refcounts": [[b, r] for b, r in sorted(self.core.refcounts().items())],
+            "free_queue": self.core.free_queue(),
+            "keys": sorted([list(k) for k in self.core.keys()]),
+        }
+
+    def _op_table(self, op: dict[str, Any]) -> Observation:
+        return {"blocks": self.core.table(op["rid"])}

@@ -1,0 +1,76 @@
+"""The op vocabulary of trace format v1: each op's fields, their kinds and defaults.
+
+The loader validates every op against these specs (one-line errors naming the op index and
+field); the driver reads the normalised values. Connector ops are merged in from
+``conformance/connector_ops.py`` so the format grows without a break.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# Field kinds understood by the loader.
+RID = "rid"  # id of a request added earlier by add_request
+NEW_RID = "new_rid"  # a request id (add_request)
+NAT = "nat"  # int >= 0
+POS = "pos"  # int >= 1
+NAT_OR_NULL = "nat_or_null"
+NAT_OR_PLAN = "nat_or_plan"  # int >= 0 or the string "plan"
+BOOL = "bool"
+TOKENS = "tokens"  # compact token list (conformance/tokens.py)
+IDS = "ids"  # list of block ids
+KEYS = "keys"  # list of [group, boundary]
+ANY = "any"  # free-form JSON (validated by the op's owner)
+
+REQUIRED = object()
+
+
+@dataclass(frozen=True)
+class Field:
+    kind: str
+    default: Any = REQUIRED
+
+
+CORE_OPS: dict[str, dict[str, Field]] = {
+    "add_request": {"rid": Field(NEW_RID), "tokens": Field(TOKENS), "max_tokens": Field(POS, 16)},
+    "new_step": {},
+    "lookup": {"rid": Field(RID), "max_len": Field(NAT_OR_NULL, None)},
+    "plan_chunk": {
+        "rid": Field(RID), "use_hit": Field(BOOL, False), "external": Field(NAT, 0),
+        "budget": Field(NAT_OR_NULL, None),
+    },
+    "allocate": {
+        "rid": Field(RID), "n": Field(NAT_OR_PLAN), "use_hit": Field(BOOL, False),
+        "external": Field(NAT, 0), "delay_cache": Field(BOOL, False), "lookahead": Field(NAT, 0),
+    },
+    "commit": {"rid": Field(RID), "n": Field(NAT_OR_NULL, None)},
+    "set_in_flight": {"rid": Field(RID), "n": Field(NAT)},
+    "append_output": {"rid": Field(RID), "tokens": Field(TOKENS)},
+    "drain_copies": {},
+    "release_retained": {"handle": Field(NAT_OR_NULL, None)},
+    "drain_offloads": {},
+    "finalize_tail": {"rid": Field(RID)},
+    "free": {"rid": Field(RID)},
+    "preempt": {"rid": Field(RID)},
+    "evict": {"blocks": Field(IDS, None), "keys": Field(KEYS, None)},
+    "reset": {},
+    "truncate": {"rid": Field(RID), "n": Field(NAT)},
+    "snapshot": {},
+    "table": {"rid": Field(RID)},
+}
+
+
+def all_op_specs() -> dict[str, dict[str, Field]]:
+    """Core ops plus the connector ops, if that module is present."""
+    specs = dict(CORE_OPS)
+    try:
+        from tailproof.conformance.connector_ops import CONNECTOR_OP_SPECS
+    except ImportError:
+        return specs
+    specs.update(CONNECTOR_OP_SPECS)
+    return specs
+
+
+def connector_op_names() -> frozenset[str]:
+    return frozenset(all_op_specs()) - frozenset(CORE_OPS)

@@ -1,0 +1,283 @@
+"""Trace format v1: load a JSON trace, validate it completely, and normalise its ops.
+
+Nothing runs until the whole trace is valid. Every problem is one ``TraceError`` line naming
+where it is (``config.hash_block_size``, ``ops[3].rid``) and what is wrong.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from math import gcd
+from pathlib import Path
+from typing import Any
+
+from tailproof.conformance import ops as opspec
+from tailproof.conformance.tokens import TokenError, expand
+
+FORMAT_TAG = "tailproof-trace/1"
+GROUP_KINDS = ("full_attention", "mamba_align")
+
+
+class TraceError(ValueError):
+    """A malformed trace; ``str()`` is one line naming the location and the problem."""
+
+
+@dataclass(frozen=True)
+class GroupConfig:
+    kind: str
+    block_size: int
+    eagle: bool = False
+
+    @property
+    def is_mamba(self) -> bool:
+        return self.kind == "mamba_align"
+
+
+@dataclass(frozen=True)
+class TraceConfig:
+    groups: tuple[GroupConfig, ...]
+    hash_block_size: int
+    num_blocks: int
+    enable_caching: bool = True
+    use_eagle: bool = False
+    max_model_len: int = 8192
+    max_num_scheduled_tokens: int = 8192
+    long_prefill_token_threshold: int = 0
+    connector: dict[str, Any] | None = None
+
+    @property
+    def block_sizes(self) -> list[int]:
+        return [g.block_size for g in self.groups]
+
+    @property
+    def scheduler_block_size(self) -> int:
+        out = 1
+        for s in self.block_sizes:
+            out = out * s // gcd(out, s)
+        return out
+
+    @property
+    def partial_hits(self) -> bool:
+        """vLLM's ``partial_hash_hits_enabled`` for FA + Mamba-align groups: some Mamba group
+        has a block larger than h (FA and Mamba managers both support fine-grained lookup)."""
+        return self.enable_caching and any(
+            g.is_mamba and g.block_size > self.hash_block_size for g in self.groups)
+
+
+@dataclass
+class Trace:
+    name: str
+    description: str
+    config: TraceConfig
+    ops: list[dict[str, Any]]
+    source: str = "<trace>"
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def expectations(self) -> list[dict[str, Any] | None]:
+        return [op.get("expect") for op in self.ops]
+
+
+_CONFIG_KEYS = {
+    "groups", "hash_block_size", "num_blocks", "enable_caching", "use_eagle", "max_model_len",
+    "max_num_scheduled_tokens", "long_prefill_token_threshold", "connector",
+}
+
+
+def _err(source: str, where: str, msg: str) -> TraceError:
+    return TraceError(f"{source}: {where}: {msg}")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _parse_config(doc: Any, source: str) -> TraceConfig:
+    if not isinstance(doc, dict):
+        raise _err(source, "config", "must be an object")
+    unknown = sorted(set(doc) - _CONFIG_KEYS)
+    if unknown:
+        raise _err(source, f"config.{unknown[0]}", "unknown config key")
+    groups_doc = doc.get("groups")
+    if not isinstance(groups_doc, list) or not groups_doc:
+        raise _err(source, "config.groups", "must be a non-empty list")
+    groups: list[GroupConfig] = []
+    seen_mamba = False
+    for i, g in enumerate(groups_doc):
+        where = f"config.groups[{i}]"
+        if not isinstance(g, dict):
+            raise _err(source, where, "must be an object")
+        extra = sorted(set(g) - {"kind", "block_size", "eagle", "mamba_cache_mode"})
+        if extra:
+            raise _err(source, f"{where}.{extra[0]}", "unknown group key")
+        kind = g.get("kind")
+        mode = g.get("mamba_cache_mode", "align")
+        if kind == "mamba" or (kind == "mamba_align" and mode != "align"):
+            raise _err(source, f"{where}.kind",
+                       f"Mamba groups must be in align mode (got {kind!r}, mode {mode!r})")
+        if kind not in GROUP_KINDS:
+            raise _err(source, f"{where}.kind", f"must be one of {list(GROUP_KINDS)}, got {kind!r}")
+        if kind == "full_attention" and seen_mamba:
+            raise _err(source, f"{where}.kind", "full_attention groups must precede Mamba groups")
+        seen_mamba |= kind == "mamba_align"
+        bs = g.get("block_size")
+        if not _is_int(bs) or bs <= 0:
+            raise _err(source, f"{where}.block_size", f"must be an int > 0, got {bs!r}")
+        eagle = g.get("eagle", False)
+        if not isinstance(eagle, bool):
+            raise _err(source, f"{where}.eagle", "must be a bool")
+        groups.append(GroupConfig(kind, bs, eagle))
+    h = doc.get("hash_block_size")
+    if not _is_int(h) or h <= 0:
+        raise _err(source, "config.hash_block_size", f"must be an int > 0, got {h!r}")
+    for i, g in enumerate(groups):
+        if g.block_size % h:
+            raise _err(source, "config.hash_block_size",
+                       f"h={h} does not divide groups[{i}].block_size={g.block_size}")
+    nb = doc.get("num_blocks")
+    if not _is_int(nb) or nb < 2:
+        raise _err(source, "config.num_blocks", f"must be an int >= 2, got {nb!r}")
+    kw: dict[str, Any] = {}
+    for key in ("enable_caching", "use_eagle"):
+        if key in doc:
+            if not isinstance(doc[key], bool):
+                raise _err(source, f"config.{key}", "must be a bool")
+            kw[key] = doc[key]
+    for key in ("max_model_len", "max_num_scheduled_tokens", "long_prefill_token_threshold"):
+        if key in doc:
+            v = doc[key]
+            if not _is_int(v) or v < 0:
+                raise _err(source, f"config.{key}", f"must be an int >= 0, got {v!r}")
+            kw[key] = v
+    connector = doc.get("connector")
+    if connector is not None:
+        connector = _validate_connector(connector, source)
+    return TraceConfig(tuple(groups), h, nb, connector=connector, **kw)
+
+
+def _validate_connector(doc: Any, source: str) -> dict[str, Any]:
+    if not isinstance(doc, dict):
+        raise _err(source, "config.connector", "must be an object")
+    try:
+        from tailproof.conformance.connector_ops import validate_connector_config
+    except ImportError:
+        return doc
+    try:
+        return validate_connector_config(doc)
+    except ValueError as e:
+        raise _err(source, "config.connector", str(e)) from None
+
+
+def _check_field(kind: str, v: Any) -> str | None:
+    """Return a problem description, or None when ``v`` fits ``kind``."""
+    if kind in (opspec.RID, opspec.NEW_RID):
+        return None if isinstance(v, str) and v else "must be a non-empty string"
+    if kind == opspec.NAT:
+        return None if _is_int(v) and v >= 0 else f"must be an int >= 0, got {v!r}"
+    if kind == opspec.POS:
+        return None if _is_int(v) and v >= 1 else f"must be an int >= 1, got {v!r}"
+    if kind == opspec.NAT_OR_NULL:
+        ok = v is None or (_is_int(v) and v >= 0)
+        return None if ok else f"must be null or an int >= 0, got {v!r}"
+    if kind == opspec.NAT_OR_PLAN:
+        ok = v == "plan" or (_is_int(v) and v >= 0)
+        return None if ok else f"must be an int >= 0 or \"plan\", got {v!r}"
+    if kind == opspec.BOOL:
+        return None if isinstance(v, bool) else "must be a bool"
+    if kind == opspec.IDS:
+        ok = v is None or (isinstance(v, list) and all(_is_int(x) and x >= 0 for x in v))
+        return None if ok else "must be a list of block ids"
+    if kind == opspec.KEYS:
+        ok = v is None or (isinstance(v, list) and all(
+            isinstance(k, list) and len(k) == 2 and all(_is_int(x) and x >= 0 for x in k)
+            for k in v))
+        return None if ok else "must be a list of [group, boundary]"
+    return None  # TOKENS are checked by expand(); ANY by the op's owner
+
+
+def parse_trace(doc: Any, source: str = "<trace>") -> Trace:
+    """Validate a decoded trace document and return it with normalised ops."""
+    if not isinstance(doc, dict):
+        raise _err(source, "trace", "must be a JSON object")
+    if doc.get("format") != FORMAT_TAG:
+        raise _err(source, "format", f"expected {FORMAT_TAG!r}, got {doc.get('format')!r}")
+    extra = sorted(set(doc) - {"format", "name", "description", "config", "ops", "notes"})
+    if extra:
+        raise _err(source, extra[0], "unknown top-level key")
+    config = _parse_config(doc.get("config"), source)
+    ops_doc = doc.get("ops")
+    if not isinstance(ops_doc, list):
+        raise _err(source, "ops", "must be a list")
+    specs = opspec.all_op_specs()
+    prompts: dict[str, list[int]] = {}
+    live: set[str] = set()
+    known: set[str] = set()
+    out: list[dict[str, Any]] = []
+    for i, op in enumerate(ops_doc):
+        where = f"ops[{i}]"
+        if not isinstance(op, dict):
+            raise _err(source, where, "must be an object")
+        name = op.get("op")
+        if name not in specs:
+            raise _err(source, f"{where}.op", f"unknown op {name!r}")
+        spec = specs[name]
+        extra = sorted(set(op) - set(spec) - {"op", "expect", "comment"})
+        if extra:
+            raise _err(source, f"{where}.{extra[0]}", f"unknown field for op {name!r}")
+        norm: dict[str, Any] = {"op": name}
+        for fname, f in spec.items():
+            if fname not in op:
+                if f.default is opspec.REQUIRED:
+                    raise _err(source, f"{where}.{fname}", f"required by op {name!r}")
+                norm[fname] = f.default
+                continue
+            v = op[fname]
+            problem = _check_field(f.kind, v)
+            if problem:
+                raise _err(source, f"{where}.{fname}", problem)
+            if f.kind == opspec.RID and v not in known:
+                raise _err(source, f"{where}.{fname}", f"unknown request id {v!r}")
+            if f.kind == opspec.TOKENS:
+                try:
+                    v = expand(v, prompts)
+                except TokenError as e:
+                    raise _err(source, f"{where}.{fname}", str(e)) from None
+            norm[fname] = v
+        if name == "add_request":
+            rid = norm["rid"]
+            if rid in live:
+                raise _err(source, f"{where}.rid", f"request {rid!r} is still live (free it first)")
+            if not norm["tokens"]:
+                raise _err(source, f"{where}.tokens", "a prompt needs at least one token")
+            prompts[rid] = norm["tokens"]
+            live.add(rid)
+            known.add(rid)
+        elif name == "free":
+            live.discard(norm["rid"])
+        if name == "evict" and (norm["blocks"] is None) == (norm["keys"] is None):
+            raise _err(source, f"{where}.blocks", "evict takes exactly one of blocks or keys")
+        if "expect" in op:
+            if not isinstance(op["expect"], dict):
+                raise _err(source, f"{where}.expect", "must be an object")
+            norm["expect"] = op["expect"]
+        if "comment" in op:
+            norm["comment"] = op["comment"]
+        out.append(norm)
+    name = doc.get("name") or Path(source).stem
+    return Trace(str(name), str(doc.get("description", "")), config, out, source, doc)
+
+
+def load_trace(path: str | Path) -> Trace:
+    """Read and validate one trace file."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise TraceError(f"{p}: cannot read: {e.strerror}") from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        where = f"line {e.lineno} column {e.colno}"
+        raise TraceError(f"{p}: invalid JSON at {where}: {e.msg}") from None
+    return parse_trace(doc, str(p))

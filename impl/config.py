@@ -1,0 +1,237 @@
+"""Start-up configuration of the Tailproof connector: parsed, validated, frozen.
+
+Why: a misconfigured offload tier must fail when vLLM starts, with one clear message per
+problem, not silently serve wrong KV later. Two things are validated here:
+
+* ``kv_connector_extra_config`` (unknown keys rejected, types and ranges checked, store
+  settings checked), parsed into :class:`Settings`;
+* the KV cache layout vLLM resolved (``KVCacheConfig`` + the engine's block sizes), reduced to
+  the plain-int :class:`Geometry` both connector roles compute with: h must divide every
+  prefix-cacheable group's block size, Mamba groups must be in ``align`` mode, cross-attention
+  is not offloadable.
+
+Everything else in ``tailproof.impl`` takes these two frozen objects, so it can be driven in
+tests without a ``VllmConfig``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tailproof.spec.arithmetic import eagle_proof_margin, lcm_all
+
+STORE_KINDS = ("memory", "mooncake")
+ROLES = ("kv_producer", "kv_consumer", "kv_both")
+
+
+class ConfigError(ValueError):
+    """The connector configuration is invalid; ``problems`` lists every problem found."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(f"invalid TailproofConnector configuration:\n{lines}")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """``kv_connector_extra_config`` after validation (see docs/deploy.md for every key)."""
+
+    kv_role: str = "kv_both"
+    store: str = "memory"
+    store_config: dict[str, Any] = field(default_factory=dict)
+    namespace: str = "tailproof"
+    put_batch_size: int = 64
+    staging_buffer_bytes: int = 64 << 20
+    enable_lookup: bool = True
+
+    @property
+    def saves(self) -> bool:
+        """Whether this instance writes KV to the store (producer side)."""
+        return self.kv_role in ("kv_producer", "kv_both")
+
+    @property
+    def loads(self) -> bool:
+        """Whether this instance reads KV from the store (consumer side)."""
+        return self.kv_role in ("kv_consumer", "kv_both") and self.enable_lookup
+
+
+_SETTING_TYPES: dict[str, type | tuple[type, ...]] = {
+    "store": str,
+    "store_config": dict,
+    "namespace": str,
+    "put_batch_size": int,
+    "staging_buffer_bytes": int,
+    "enable_lookup": bool,
+}
+
+
+def parse_settings(extra: dict[str, Any] | None, kv_role: str | None) -> Settings:
+    """Validate ``kv_connector_extra_config``; raise :class:`ConfigError` listing every problem."""
+    extra = dict(extra or {})
+    problems: list[str] = []
+    role = kv_role or "kv_both"
+    if role not in ROLES:
+        problems.append(f"kv_role {role!r} is not one of {', '.join(ROLES)}")
+    for key in sorted(set(extra) - set(_SETTING_TYPES)):
+        problems.append(
+            f"unknown key {key!r} in kv_connector_extra_config "
+            f"(known: {', '.join(sorted(_SETTING_TYPES))})"
+        )
+    for key, typ in _SETTING_TYPES.items():
+        if key not in extra:
+            continue
+        val = extra[key]
+        # bool is an int subclass: reject True where a count is expected.
+        if not isinstance(val, typ) or (typ is int and isinstance(val, bool)):
+            problems.append(f"{key} must be {getattr(typ, '__name__', typ)}, got {val!r}")
+    store = extra.get("store", "memory")
+    if isinstance(store, str) and store not in STORE_KINDS:
+        problems.append(f"store {store!r} is not one of {', '.join(STORE_KINDS)}")
+    for key in ("put_batch_size", "staging_buffer_bytes"):
+        val = extra.get(key)
+        if isinstance(val, int) and not isinstance(val, bool) and val <= 0:
+            problems.append(f"{key} must be positive, got {val}")
+    ns = extra.get("namespace")
+    if isinstance(ns, str) and (not ns or "@" in ns):
+        problems.append(f"namespace must be non-empty and contain no '@', got {ns!r}")
+    if not problems and isinstance(store, str):
+        problems += check_store_config(store, extra.get("store_config", {}))
+    if problems:
+        raise ConfigError(problems)
+    kwargs = {k: extra[k] for k in _SETTING_TYPES if k in extra}
+    return Settings(kv_role=role, **kwargs)
+
+
+def check_store_config(store: str, store_config: dict[str, Any]) -> list[str]:
+    """Problems with the store settings, asked of the store package (empty when valid)."""
+    try:
+        from tailproof.impl.stores import validate_store_config  # type: ignore[attr-defined]
+    except ImportError:
+        return []
+    try:
+        return list(validate_store_config(store, store_config) or [])
+    except Exception as exc:  # a store's validator must not crash start-up
+        return [f"store_config: {exc}"]
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """The block layout both roles compute with; indices are *store* group indices.
+
+    A store group is a prefix-cacheable KV cache group (vLLM's ``prefix_cacheable_group_ids``),
+    numbered by its position in that list (as MooncakeStore numbers them in its keys).
+    """
+
+    core_group_ids: tuple[int, ...]  # store index -> core KV cache group id
+    block_sizes: tuple[int, ...]  # per store group (DCP-resolved)
+    is_mamba: tuple[bool, ...]  # per store group
+    hash_block_size: int  # h
+    lcm_block_size: int  # scheduler block size
+    partial_hits: bool  # hits land on h (else on the lcm)
+    use_eagle: bool  # EAGLE block drop (ck(P) one unit lower, FA proof margins)
+    eagle_groups: frozenset[int] = frozenset()  # store groups with an EAGLE proof margin
+    num_blocks: int = 0
+
+    @property
+    def alignment(self) -> int:
+        """A: the unit every lookup hit is a multiple of."""
+        return self.hash_block_size if self.partial_hits else self.lcm_block_size
+
+    @property
+    def mamba_groups(self) -> frozenset[int]:
+        return frozenset(i for i, m in enumerate(self.is_mamba) if m)
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.block_sizes)
+
+    def store_index(self, core_group_id: int) -> int | None:
+        """Store index of a core group id (None: the group is not stored)."""
+        try:
+            return self.core_group_ids.index(core_group_id)
+        except ValueError:
+            return None
+
+    def proof_margin(self, store_group: int) -> int:
+        """EAGLE proof margin of a non-Mamba group (0 when it has none)."""
+        if store_group not in self.eagle_groups or self.is_mamba[store_group]:
+            return 0
+        bs = self.block_sizes[store_group]
+        fine = self.partial_hits
+        return int(eagle_proof_margin(bs, self.hash_block_size, fine))
+
+    def align_lookup_length(self, n: int) -> int:
+        """Longest length a lookup may report for ``n`` tokens (floor to A)."""
+        return n // self.alignment * self.alignment
+
+
+def check_geometry(geom: Geometry) -> list[str]:
+    """Problems with a resolved layout (empty when the connector can serve it)."""
+    problems: list[str] = []
+    h = geom.hash_block_size
+    if not geom.block_sizes:
+        problems.append("no prefix-cacheable KV cache group: nothing to offload")
+    if h <= 0:
+        problems.append(f"hash block size must be positive, got {h}")
+        return problems
+    for i, bs in enumerate(geom.block_sizes):
+        if bs % h:
+            problems.append(
+                f"hash block size h={h} does not divide block size {bs} of KV cache group "
+                f"{geom.core_group_ids[i]}; set --prefix-match-unit to a divisor of every "
+                "group's block size"
+            )
+    if geom.block_sizes and geom.lcm_block_size != lcm_all(list(geom.block_sizes)):
+        problems.append(
+            f"scheduler block size {geom.lcm_block_size} is not the lcm of the group block "
+            f"sizes {list(geom.block_sizes)}"
+        )
+    return problems
+
+
+def geometry_from_vllm(vllm_config: Any, kv_cache_config: Any) -> Geometry:
+    """Build and validate the :class:`Geometry` of a running engine; raise ConfigError."""
+    from vllm.v1.core.kv_cache_utils import resolve_dcp_kv_block_size, resolve_kv_cache_block_sizes
+    from vllm.v1.kv_cache_interface import CrossAttentionSpec, MambaSpec
+
+    problems: list[str] = []
+    dcp = vllm_config.parallel_config.decode_context_parallel_size
+    ids = tuple(kv_cache_config.prefix_cacheable_group_ids)
+    groups = [kv_cache_config.kv_cache_groups[g] for g in ids]
+    for gid, group in zip(ids, groups, strict=True):
+        spec = group.kv_cache_spec
+        if isinstance(spec, CrossAttentionSpec):
+            problems.append(f"KV cache group {gid}: cross-attention cannot be offloaded")
+        if isinstance(spec, MambaSpec) and spec.mamba_cache_mode != "align":
+            problems.append(
+                f"KV cache group {gid}: Mamba group in mamba_cache_mode="
+                f"{spec.mamba_cache_mode!r}; the connector needs 'align' "
+                "(--mamba-cache-mode align) to store exact boundary states"
+            )
+    try:
+        lcm, h = resolve_kv_cache_block_sizes(kv_cache_config, vllm_config)
+    except ValueError as exc:
+        raise ConfigError(problems + [str(exc)]) from exc
+    spec_cfg = vllm_config.speculative_config
+    use_eagle = bool(spec_cfg is not None and spec_cfg.use_eagle_block_drop())
+    alignment = kv_cache_config.cache_hit_alignment_tokens
+    eagle_groups = {i for i, g in enumerate(groups) if g.is_eagle_group}
+    if use_eagle and not eagle_groups:
+        eagle_groups = set(range(len(groups)))  # as vLLM: flag every group conservatively
+    geom = Geometry(
+        core_group_ids=ids,
+        block_sizes=tuple(resolve_dcp_kv_block_size(g.kv_cache_spec, dcp) for g in groups),
+        is_mamba=tuple(isinstance(g.kv_cache_spec, MambaSpec) for g in groups),
+        hash_block_size=h,
+        lcm_block_size=lcm,
+        partial_hits=alignment is not None and alignment < lcm,
+        use_eagle=use_eagle,
+        eagle_groups=frozenset(eagle_groups),
+        num_blocks=kv_cache_config.num_blocks,
+    )
+    problems += check_geometry(geom)
+    if problems:
+        raise ConfigError(problems)
+    return geom

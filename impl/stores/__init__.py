@@ -1,0 +1,17 @@
+"""KV stores behind the tailproof connector: one interface, an embedded default, Mooncake.
+
+Import the interface from here::
+
+    from tailproof.impl.stores import Outcome, Status, Store, make_store
+    with make_store({"backend": "memory", "capacity_bytes": "1GB"}) as store:
+        outs = store.put_batch(keys, views)      # one Outcome per key; .saved / .ok
+"""
+
+from .base import ByteBuffer, Outcome, Status, Store, StoreError, as_bytes_array
+from .config import StoreConfig, StoreConfigError, make_store, parse_size
+from .memory import FaultScript, MemoryStore
+
+__all__ = [
+    "ByteBuffer", "FaultScript", "MemoryStore", "Outcome", "Status", "Store", "StoreConfig",
+    "StoreConfigError", "StoreError", "as_bytes_array", "make_store", "parse_size",
+]

@@ -1,0 +1,154 @@
+"""The embedded default store: in-process, bounded by bytes, thread-safe, Mooncake's outcome codes.
+
+Why: the connector must run (and be tested) with no external service. This store answers exactly
+the outcomes Mooncake does (STORE_FULL when capacity is exhausted, MISS, TOO_LARGE for a value
+larger than the whole capacity, EXISTS for a second put of a key), so connector code tested here
+meets no new outcome in production. Tests can script the next outcomes (:class:`FaultScript`)
+or take the whole store "down" to exercise fail-closed paths without a real outage.
+
+Eviction: with ``evict=True`` (the default, like Mooncake's master) a put that does not fit
+drops least-recently-used values first; with ``evict=False`` it answers STORE_FULL.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict, deque
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from .base import ByteBuffer, Outcome, Status, Store, as_bytes_array, check_batch
+
+_CLOSED = "store is closed"
+
+
+class FaultScript:
+    """Scripted outcomes for tests: the next keys of an op answer these instead of the real thing.
+
+    ``script("get", [Outcome.timeout(), None, Outcome.miss()])``: the next get key times out,
+    the one after is served for real (``None``), the third misses. ``down = True`` makes every
+    call answer ERROR (exists: False) until reset, like an unreachable master.
+    """
+
+    OPS = ("put", "get", "exists")
+
+    def __init__(self) -> None:
+        self._queues: dict[str, deque[Outcome | None]] = {op: deque() for op in self.OPS}
+        self.down = False
+
+    def script(self, op: str, outcomes: Iterable[Outcome | Status | None]) -> None:
+        """Append outcomes (a bare Status becomes a default Outcome of that status) for ``op``."""
+        if op not in self._queues:
+            raise ValueError(f"op must be one of {self.OPS}, got {op!r}")
+        for o in outcomes:
+            self._queues[op].append(Outcome(o) if isinstance(o, Status) else o)
+
+    def next(self, op: str) -> Outcome | None:
+        """The scripted outcome for the next key of ``op``, or None to do the real operation."""
+        if self.down:
+            return Outcome.error(message="injected: store down")
+        q = self._queues[op]
+        return q.popleft() if q else None
+
+    def clear(self) -> None:
+        for q in self._queues.values():
+            q.clear()
+        self.down = False
+
+
+class MemoryStore(Store):
+    """Bounded in-process store; values are private copies (puts copy in, gets copy out)."""
+
+    name = "memory"
+
+    def __init__(self, capacity_bytes: int = 1 << 30, *, evict: bool = True) -> None:
+        if capacity_bytes <= 0:
+            raise ValueError(f"capacity_bytes must be > 0, got {capacity_bytes}")
+        self.capacity_bytes = capacity_bytes
+        self.evict = evict
+        self.faults = FaultScript()
+        self._data: OrderedDict[str, np.ndarray] = OrderedDict()  # LRU order: oldest first
+        self._used = 0
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @property
+    def used_bytes(self) -> int:
+        """Bytes currently held."""
+        return self._used
+
+    def exists(self, keys: Sequence[str]) -> list[bool]:
+        out = []
+        with self._lock:
+            for k in keys:
+                forced = self.faults.next("exists")
+                if self._closed or forced is not None:
+                    out.append(bool(forced and forced.ok))
+                    continue
+                out.append(k in self._data)
+        return out
+
+    def put_batch(self, keys: Sequence[str], buffers: Sequence[ByteBuffer]) -> list[Outcome]:
+        check_batch(keys, buffers)
+        srcs = [as_bytes_array(b) for b in buffers]
+        with self._lock:
+            return [self._put_one(k, s) for k, s in zip(keys, srcs, strict=True)]
+
+    def _put_one(self, key: str, src: np.ndarray) -> Outcome:
+        if self._closed:
+            return Outcome.error(message=_CLOSED)
+        forced = self.faults.next("put")
+        if forced is not None:
+            return forced
+        if key in self._data:
+            return Outcome.exists()
+        n = src.nbytes
+        if n > self.capacity_bytes:
+            return Outcome.too_large(message=f"{n} bytes > capacity {self.capacity_bytes}")
+        while self._used + n > self.capacity_bytes:
+            if not self.evict or not self._data:
+                return Outcome.full(message=f"{self._used}+{n} bytes > capacity "
+                                    f"{self.capacity_bytes}")
+            _, old = self._data.popitem(last=False)
+            self._used -= old.nbytes
+        self._data[key] = src.copy()
+        self._used += n
+        return Outcome.success(n)
+
+    def get_batch(self, keys: Sequence[str], buffers: Sequence[ByteBuffer]) -> list[Outcome]:
+        check_batch(keys, buffers)
+        dsts = [as_bytes_array(b, writable=True) for b in buffers]
+        with self._lock:
+            return [self._get_one(k, d) for k, d in zip(keys, dsts, strict=True)]
+
+    def _get_one(self, key: str, dst: np.ndarray) -> Outcome:
+        if self._closed:
+            return Outcome.error(message=_CLOSED)
+        forced = self.faults.next("get")
+        if forced is not None:
+            return forced
+        val = self._data.get(key)
+        if val is None:
+            return Outcome.miss()
+        if val.nbytes > dst.nbytes:
+            return Outcome.too_large(message=f"stored {val.nbytes} bytes > buffer {dst.nbytes}")
+        if val.nbytes != dst.nbytes:
+            return Outcome.error(message=f"size mismatch: stored {val.nbytes}, "
+                                 f"buffer {dst.nbytes}")
+        np.copyto(dst, val)
+        self._data.move_to_end(key)  # a read refreshes recency, like a Mooncake lease
+        return Outcome.success(val.nbytes)
+
+    def remove_all(self) -> int:
+        with self._lock:
+            n = len(self._data)
+            self._data.clear()
+            self._used = 0
+            return n
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._data.clear()
+            self._used = 0

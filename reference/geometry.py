@@ -1,0 +1,165 @@
+"""Static geometry of one engine: group block sizes, hash granularity, alignment, EAGLE flags.
+
+Everything here is derived once from the configuration and never changes. Each derived value
+names the vLLM 0.33 code that computes it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tailproof.spec.arithmetic import hit_alignment, lcm_all
+
+FULL_ATTENTION = "full_attention"
+MAMBA_ALIGN = "mamba_align"
+KINDS = (FULL_ATTENTION, MAMBA_ALIGN)
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """One KV cache group (``KVCacheGroupSpec``): its manager kind, block size, EAGLE flag."""
+
+    kind: str
+    block_size: int
+    eagle: bool = False
+
+
+@dataclass(frozen=True)
+class SpecGroup:
+    """Groups sharing one spec, looked up jointly (mirrors ``kv_cache_coordinator.SpecGroup``)."""
+
+    kind: str
+    block_size: int
+    group_ids: tuple[int, ...]
+    use_eagle: bool
+
+
+@dataclass(frozen=True)
+class Geometry:
+    groups: tuple[GroupSpec, ...]
+    hash_block_size: int
+    num_blocks: int
+    enable_caching: bool = True
+    use_eagle: bool = False
+    max_model_len: int = 8192
+    max_num_scheduled_tokens: int = 8192
+    long_prefill_token_threshold: int = 0
+    # Derived in __post_init__.
+    scheduler_block_size: int = field(init=False)
+    coordinator_kind: str = field(init=False)  # "none" | "unitary" | "hybrid"
+    partial_hits: bool = field(init=False)
+    alignment: int = field(init=False)
+    eagle_group_ids: frozenset[int] = field(init=False)
+    drop_eagle_group_ids: frozenset[int] = field(init=False)
+    manager_use_eagle: tuple[bool, ...] = field(init=False)
+    attention_groups: tuple[SpecGroup, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        h = self.hash_block_size
+        sizes = [g.block_size for g in self.groups]
+        for g in self.groups:
+            if g.kind not in KINDS:
+                raise ValueError(f"unsupported group kind {g.kind!r}")
+            if g.block_size % h:
+                raise ValueError(f"hash_block_size {h} must divide block size {g.block_size}")
+        # resolve_kv_cache_block_sizes: lcm of the groups when hybrid, else the one block size.
+        sbs = lcm_all(sizes) if len(sizes) > 1 else sizes[0]
+        # get_kv_cache_coordinator: no caching -> NoPrefixCache; one group -> Unitary.
+        if not self.enable_caching:
+            kind = "none"
+        elif len(self.groups) == 1:
+            kind = "unitary"
+            if h != sizes[0]:
+                raise ValueError("UnitaryKVCacheCoordinator assumes hash_block_size == block_size")
+        else:
+            kind = "hybrid"
+        # partial_hash_hits_enabled: some Mamba align group with block_size > h (FA and
+        # Mamba managers both support fine-grained lookup, so the second clause holds).
+        partial = kind == "hybrid" and any(
+            g.kind == MAMBA_ALIGN and g.block_size > h for g in self.groups
+        )
+        # HybridKVCacheCoordinator._cache_hit_alignment_tokens; other coordinators keep the
+        # manager default (scheduler_block_size).
+        alignment = hit_alignment(h, sbs, partial)
+        # KVCacheCoordinator.__init__: flagged groups, or all when none is flagged.
+        eagle_ids = frozenset(i for i, g in enumerate(self.groups) if g.eagle)
+        if self.use_eagle and not eagle_ids:
+            eagle_ids = frozenset(range(len(self.groups)))
+        drop_ids = eagle_ids if self.use_eagle else frozenset()
+        attention_groups = _split_spec_groups(self.groups, drop_ids)
+        # Manager.use_eagle: hybrid propagates the spec-group bit
+        # (verify_and_split_kv_cache_groups); unitary sets ``0 in drop_eagle_group_ids``.
+        use = [False] * len(self.groups)
+        if kind == "hybrid":
+            for sg in attention_groups:
+                if sg.use_eagle:
+                    for gid in sg.group_ids:
+                        use[gid] = True
+        elif kind == "unitary":
+            use[0] = 0 in drop_ids
+        object.__setattr__(self, "scheduler_block_size", sbs)
+        object.__setattr__(self, "coordinator_kind", kind)
+        object.__setattr__(self, "partial_hits", partial)
+        object.__setattr__(self, "alignment", alignment)
+        object.__setattr__(self, "eagle_group_ids", eagle_ids)
+        object.__setattr__(self, "drop_eagle_group_ids", drop_ids)
+        object.__setattr__(self, "manager_use_eagle", tuple(use))
+        object.__setattr__(self, "attention_groups", attention_groups)
+
+    # --- scheduler-side values (Scheduler.__init__ / engine/core.py) ---
+
+    @property
+    def has_mamba(self) -> bool:
+        return any(g.kind == MAMBA_ALIGN for g in self.groups)
+
+    @property
+    def cache_config_block_size(self) -> int:
+        """``cache_config.block_size``: the smallest prefix-cacheable group block size
+        (engine/core.py), the Mamba alignment unit of ``_mamba_block_aligned_split``."""
+        return min(g.block_size for g in self.groups)
+
+    @property
+    def mamba_partial_cache_hit(self) -> bool:
+        """``Scheduler.mamba_partial_cache_hit``."""
+        return self.has_mamba and self.hash_block_size < self.scheduler_block_size and (
+            self.partial_hits
+        )
+
+    @classmethod
+    def from_config(cls, config: Any) -> Geometry:
+        """Build from a ``TraceConfig`` (or anything with the same fields)."""
+        groups = tuple(
+            GroupSpec(g.kind, int(g.block_size), bool(getattr(g, "eagle", False)))
+            for g in config.groups
+        )
+        return cls(
+            groups=groups,
+            hash_block_size=int(config.hash_block_size),
+            num_blocks=int(config.num_blocks),
+            enable_caching=bool(getattr(config, "enable_caching", True)),
+            use_eagle=bool(getattr(config, "use_eagle", False)),
+            max_model_len=int(getattr(config, "max_model_len", 8192)),
+            max_num_scheduled_tokens=int(getattr(config, "max_num_scheduled_tokens", 8192)),
+            long_prefill_token_threshold=int(getattr(config, "long_prefill_token_threshold", 0)),
+        )
+
+
+def _split_spec_groups(
+    groups: tuple[GroupSpec, ...], drop_ids: frozenset[int]
+) -> tuple[SpecGroup, ...]:
+    """Mirrors ``HybridKVCacheCoordinator.verify_and_split_kv_cache_groups``: groups with an
+    equal spec (here: same kind and block size) are merged, full attention sorted first."""
+    merged: list[SpecGroup] = []
+    for i, g in enumerate(groups):
+        eagle = i in drop_ids
+        for idx, sg in enumerate(merged):
+            if sg.kind == g.kind and sg.block_size == g.block_size:
+                merged[idx] = SpecGroup(
+                    sg.kind, sg.block_size, (*sg.group_ids, i), sg.use_eagle or eagle
+                )
+                break
+        else:
+            merged.append(SpecGroup(g.kind, g.block_size, (i,), eagle))
+    merged.sort(key=lambda sg: sg.kind != FULL_ATTENTION)  # stable, like list.sort
+    return tuple(merged)
