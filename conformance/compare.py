@@ -11,7 +11,7 @@ from typing import Any
 
 # Observation fields whose values are (lists of) block ids, and how ids sit inside them.
 _ID_FIELDS = {"blocks", "new", "retained", "free_queue", "evicted", "block", "src", "dst",
-              "copies", "pinned", "pins"}
+              "copies", "pinned", "pins", "released"}
 _PAIR_FIRST = {"refcounts"}  # [[id, ref], ...]
 _TRIPLE_LAST = {"keys"}  # [[group, boundary, id], ...]
 

@@ -139,11 +139,16 @@ class CoreDriver:
         return {"copies": [list(c) for c in copies], "retained": retained, "handle": handle}
 
     def _op_release_retained(self, op: dict[str, Any]) -> Observation:
+        """Free a drained retention (``Scheduler._free_cow_retained_blocks``); with no handle,
+        the oldest one, and nothing when none is left."""
         handle = op["handle"] if op["handle"] is not None else min(self.retained, default=None)
-        if handle is None or handle not in self.retained:
+        if handle is None and op["handle"] is None:
+            return {"released": []}
+        if handle not in self.retained:
             raise KeyError(f"no unreleased retention handle {handle}")
-        self.core.release(self.retained.pop(handle))
-        return {}
+        ids = self.retained.pop(handle)
+        self.core.release(ids)
+        return {"released": ids}
 
     def _op_drain_offloads(self, op: dict[str, Any]) -> Observation:
         self.last_offloads = self.core.drain_offloads()

@@ -21,11 +21,27 @@ warnings.filterwarnings("ignore", module="vllm")
 
 def _vllm() -> SimpleNamespace:
     """Import the vLLM pieces lazily (a cold import takes seconds)."""
+    import torch
+    from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import sha256
-    from vllm.v1.core.kv_cache_utils import init_none_hash
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        KVCacheConfig,
+        KVCacheGroupSpec,
+        MambaSpec,
+    )
+    from vllm.v1.request import Request, RequestStatus
 
     init_none_hash(sha256)
-    return SimpleNamespace(**locals())
+    return SimpleNamespace(
+        torch=torch, SamplingParams=SamplingParams, sha256=sha256, KVCacheManager=KVCacheManager,
+        get_request_block_hasher=get_request_block_hasher, Scheduler=Scheduler,
+        FullAttentionSpec=FullAttentionSpec, KVCacheConfig=KVCacheConfig,
+        KVCacheGroupSpec=KVCacheGroupSpec, MambaSpec=MambaSpec, Request=Request,
+        RequestStatus=RequestStatus)
 
 
 class VllmCoreBackend:
