@@ -1,0 +1,28 @@
+"""Loose comparison renames block ids by first appearance; strict compares them exactly."""
+
+from tailproof.conformance.compare import Renamer, subset_match
+
+
+def test_renaming_is_by_first_appearance_and_keeps_null() -> None:
+    a, b = Renamer(), Renamer()
+    obs_a = [{"new": [[5, 9], [0, 7]]}, {"copies": [[7, 11]], "free": 3},
+             {"refcounts": [[5, 1], [11, 2]], "keys": [[1, 6, 11]]}]
+    obs_b = [{"new": [[2, 3], [0, 4]]}, {"copies": [[4, 8]], "free": 3},
+             {"refcounts": [[2, 1], [8, 2]], "keys": [[1, 6, 8]]}]
+    assert [a.canon(o) for o in obs_a] == [b.canon(o) for o in obs_b]
+    assert a.canon({"blocks": [[0, 5]]}) == {"blocks": [[0, 1]]}
+
+
+def test_renaming_detects_a_different_pattern() -> None:
+    a, b = Renamer(), Renamer()
+    assert a.canon({"new": [[5, 9]], "block": 5}) != b.canon({"new": [[5, 9]], "block": 9})
+
+
+def test_non_id_fields_untouched() -> None:
+    r = Renamer()
+    assert r.canon({"hit": 6, "free": 12, "ok": True}) == {"hit": 6, "free": 12, "ok": True}
+
+
+def test_subset_match() -> None:
+    assert subset_match({"hit": 6}, {"hit": 6, "free": 3})
+    assert not subset_match({"hit": 6, "free": 2}, {"hit": 6, "free": 3})

@@ -1,0 +1,105 @@
+"""Malformed traces are rejected before anything runs: one line naming the field, exit 2."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tailproof.conformance.cli import main
+
+GOOD: dict[str, Any] = {
+    "format": "tailproof-trace/1",
+    "name": "good",
+    "config": {"groups": [{"kind": "full_attention", "block_size": 4},
+                          {"kind": "mamba_align", "block_size": 8}],
+               "hash_block_size": 4, "num_blocks": 16},
+    "ops": [{"op": "add_request", "rid": "a", "tokens": [1, 2, 3, 4, 5]},
+            {"op": "lookup", "rid": "a"}],
+}
+
+
+def _bad(mutate: Any) -> dict[str, Any]:
+    doc = copy.deepcopy(GOOD)
+    mutate(doc)
+    return doc
+
+
+CASES = {
+    "unknown_op": (lambda d: d["ops"].append({"op": "explode"}), "ops[2].op", "unknown op"),
+    "h_not_dividing": (lambda d: d["config"].update(hash_block_size=3),
+                       "config.hash_block_size", "does not divide"),
+    "non_align_mamba": (lambda d: d["config"]["groups"][1].update(mamba_cache_mode="all"),
+                        "config.groups[1].kind", "align mode"),
+    "plain_mamba_kind": (lambda d: d["config"]["groups"][1].update(kind="mamba"),
+                         "config.groups[1].kind", "align mode"),
+    "negative_count": (lambda d: d["ops"].append({"op": "commit", "rid": "a", "n": -3}),
+                       "ops[2].n", "int >= 0"),
+    "negative_token": (lambda d: d["ops"][0].update(tokens=[1, -2]), "ops[0].tokens",
+                       "negative"),
+    "unknown_request": (lambda d: d["ops"].append({"op": "free", "rid": "zz"}), "ops[2].rid",
+                        "unknown request id"),
+    "bad_format_tag": (lambda d: d.update(format="tailproof-trace/0"), "format", "expected"),
+    "unknown_field": (lambda d: d["ops"][1].update(colour="red"), "ops[1].colour",
+                      "unknown field"),
+    "missing_field": (lambda d: d["ops"].append({"op": "truncate", "rid": "a"}), "ops[2].n",
+                      "required"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(CASES))
+def test_malformed_trace_one_line_exit_2(kind: str, tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    mutate, field, words = CASES[kind]
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(GOOD))
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(_bad(mutate)))
+    # The good trace comes first: nothing may run before the bad one is rejected.
+    rc = main(["replay", str(good), str(bad), "--against", "reference"])
+    err = capsys.readouterr()
+    assert rc == 2
+    assert err.out == ""
+    lines = err.err.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert f"bad.json: {field}: " in lines[0]
+    assert words in lines[0]
+
+
+def test_invalid_json_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text("{\"format\": ")
+    assert main(["validate", str(bad)]) == 2
+    assert "invalid JSON at line 1" in capsys.readouterr().err
+
+
+def test_unknown_adapter_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(GOOD))
+    assert main(["replay", str(good), "--against", "nope"]) == 2
+    assert "--against: unknown adapter 'nope'" in capsys.readouterr().err
+
+
+def test_compact_tokens_expand(tmp_path: Path) -> None:
+    from tailproof.conformance.trace import parse_trace
+
+    doc = copy.deepcopy(GOOD)
+    doc["ops"].append({"op": "add_request", "rid": "b",
+                       "tokens": [{"prompt_of": "a", "n": 3}, {"fill": 7, "n": 2},
+                                  {"range": [10, 12]}, 99]})
+    t = parse_trace(doc)
+    assert t.ops[-1]["tokens"] == [1, 2, 3, 7, 7, 10, 11, 99]
+
+
+def test_request_id_reuse_needs_free() -> None:
+    from tailproof.conformance.trace import TraceError, parse_trace
+
+    doc = copy.deepcopy(GOOD)
+    doc["ops"].append({"op": "add_request", "rid": "a", "tokens": [1]})
+    with pytest.raises(TraceError, match=r"ops\[2\].rid: request 'a' is still live"):
+        parse_trace(doc)
+    doc["ops"].insert(2, {"op": "free", "rid": "a"})
+    assert parse_trace(doc).ops[-1]["rid"] == "a"
