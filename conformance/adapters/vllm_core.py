@@ -7,6 +7,7 @@ mapped back to ``(group, boundary_tokens)`` through the block hashes of every re
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
 from types import SimpleNamespace
@@ -36,6 +37,8 @@ def _vllm() -> SimpleNamespace:
     from vllm.v1.request import Request, RequestStatus
 
     init_none_hash(sha256)
+    # vLLM logs expected outcomes (a refused reset) as warnings; observations carry them.
+    logging.getLogger("vllm").setLevel(logging.ERROR)
     return SimpleNamespace(
         torch=torch, SamplingParams=SamplingParams, sha256=sha256, KVCacheManager=KVCacheManager,
         get_request_block_hasher=get_request_block_hasher, Scheduler=Scheduler,

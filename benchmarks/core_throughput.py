@@ -1,0 +1,49 @@
+"""Print reference vs vLLM 0.33 core throughput on the same workload, as a ratio.
+
+Usage: python benchmarks/core_throughput.py [--requests N] [--rounds R]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.core_workload import prompts, run, trace_config  # noqa: E402
+from tailproof.conformance.adapters import ADAPTERS, _load  # noqa: E402
+
+
+def best_of(name: str, reqs: list[list[int]], rounds: int) -> float:
+    cls = _load(ADAPTERS[name].core)
+    run(cls(trace_config()), reqs[:10])  # warm up imports and caches
+    times = []
+    for _ in range(rounds):
+        backend = cls(trace_config())
+        t0 = time.perf_counter()
+        run(backend, reqs)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--requests", type=int, default=300)
+    ap.add_argument("--rounds", type=int, default=7)
+    a = ap.parse_args()
+    reqs = prompts(a.requests)
+    ref = best_of("reference", reqs, a.rounds)
+    vll = best_of("vllm", reqs, a.rounds)
+    print("| backend | requests/s | median s |")
+    print("|---|---|---|")
+    print(f"| reference | {a.requests / ref:,.0f} | {ref:.3f} |")
+    print(f"| vLLM 0.33 KVCacheManager | {a.requests / vll:,.0f} | {vll:.3f} |")
+    print(f"\nreference / vLLM throughput ratio: {vll / ref:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
