@@ -130,7 +130,7 @@ def as_bytes_array(buf: ByteBuffer, *, writable: bool = False) -> np.ndarray:
 class Store(abc.ABC):
     """A batched, write-once key/value store of byte blobs (the KV offload tier).
 
-    Contract (every implementation, tested in tests/impl/stores/test_contract.py):
+    Contract (every implementation, tested in tests/impl/stores/test_store_contract.py):
 
     * Keys are non-empty ``str``. Values are byte buffers (see module docstring).
     * ``put_batch`` is write-once: an existing key answers ``EXISTS`` and keeps its value

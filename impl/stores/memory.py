@@ -6,6 +6,10 @@ larger than the whole capacity, EXISTS for a second put of a key), so connector 
 meets no new outcome in production. Tests can script the next outcomes (:class:`FaultScript`)
 or take the whole store "down" to exercise fail-closed paths without a real outage.
 
+Memory: values are copied into private arrays. Arrays of removed/evicted values are kept for
+reuse by later puts of the same size (KV blocks have few distinct sizes), so steady-state puts
+copy into already-faulted pages at memcpy speed; held + pooled bytes never exceed the capacity.
+
 Eviction: with ``evict=True`` (the default, like Mooncake's master) a put that does not fit
 drops least-recently-used values first; with ``evict=False`` it answers STORE_FULL.
 """
@@ -70,13 +74,20 @@ class MemoryStore(Store):
         self.faults = FaultScript()
         self._data: OrderedDict[str, np.ndarray] = OrderedDict()  # LRU order: oldest first
         self._used = 0
+        self._pool: dict[int, list[np.ndarray]] = {}  # size -> reusable arrays
+        self._pooled = 0
         self._lock = threading.Lock()
         self._closed = False
 
     @property
     def used_bytes(self) -> int:
-        """Bytes currently held."""
+        """Bytes of values currently held."""
         return self._used
+
+    @property
+    def reserved_bytes(self) -> int:
+        """Bytes held plus bytes kept for reuse (always <= capacity_bytes)."""
+        return self._used + self._pooled
 
     def exists(self, keys: Sequence[str]) -> list[bool]:
         out = []
@@ -111,10 +122,35 @@ class MemoryStore(Store):
                 return Outcome.full(message=f"{self._used}+{n} bytes > capacity "
                                     f"{self.capacity_bytes}")
             _, old = self._data.popitem(last=False)
-            self._used -= old.nbytes
-        self._data[key] = src.copy()
+            self._release(old)
+        dst = self._allocate(n)
+        np.copyto(dst, src)
+        self._data[key] = dst
         self._used += n
         return Outcome.success(n)
+
+    def _release(self, arr: np.ndarray) -> None:
+        """A value leaves the store: keep its array for reuse."""
+        self._used -= arr.nbytes
+        self._pool.setdefault(arr.nbytes, []).append(arr)
+        self._pooled += arr.nbytes
+
+    def _allocate(self, n: int) -> np.ndarray:
+        """An array of n bytes, reused if possible; drops pooled arrays to stay in capacity."""
+        free = self._pool.get(n)
+        if free:
+            self._pooled -= n
+            arr = free.pop()
+            if not free:
+                del self._pool[n]
+            return arr
+        while self._pool and self._used + self._pooled + n > self.capacity_bytes:
+            size, arrays = next(iter(self._pool.items()))
+            arrays.pop()
+            self._pooled -= size
+            if not arrays:
+                del self._pool[size]
+        return np.empty(n, np.uint8)
 
     def get_batch(self, keys: Sequence[str], buffers: Sequence[ByteBuffer]) -> list[Outcome]:
         check_batch(keys, buffers)
@@ -143,12 +179,14 @@ class MemoryStore(Store):
     def remove_all(self) -> int:
         with self._lock:
             n = len(self._data)
+            for arr in self._data.values():
+                self._release(arr)
             self._data.clear()
-            self._used = 0
             return n
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
             self._data.clear()
-            self._used = 0
+            self._pool.clear()
+            self._used = self._pooled = 0

@@ -1,0 +1,137 @@
+"""Run a ``mooncake_master`` on 127.0.0.1 for tests, benchmarks and single-machine development.
+
+Why here: the test fixtures (tests/impl/conftest.py) and the benchmarks both need a real master
+on loopback, started on free ports, ready-checked, and stopped by its own PID (never by name).
+Production deployments run their master themselves; this module is only a convenience.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+from .base import StoreError
+
+# Read leases: a get's lease must outlive its transfer, or Mooncake answers -707 LEASE_EXPIRED
+# (seen at 200 ms for a 65 MiB batch on a loaded 2-core machine); 2 s keeps tests and
+# benchmarks robust while eviction of read values still follows quickly (default: 10 s).
+LEASE_TTL_MS = 2000
+CLIENT_TTL_S = 2  # a dead client's segment is dropped after 2 s (default 10)
+
+
+def find_master_binary() -> str:
+    """``mooncake_master`` from the installed package, else from the venv's bin or PATH."""
+    spec = importlib.util.find_spec("mooncake")
+    if spec and spec.origin:
+        candidate = Path(spec.origin).parent / "mooncake_master"
+        if os.access(candidate, os.X_OK):
+            return str(candidate)
+    venv_bin = str(Path(sys.executable).parent)
+    found = shutil.which("mooncake_master",
+                         path=os.pathsep.join([venv_bin, os.environ.get("PATH", "")]))
+    if not found:
+        raise StoreError("no mooncake_master binary (pip install "
+                         "mooncake-transfer-engine-non-cuda==0.3.13.post1)")
+    return found
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _accepts(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+        return True
+    except OSError:
+        return False
+
+
+class LocalMaster:
+    """One ``mooncake_master`` bound to 127.0.0.1 (RPC and metrics), restartable on its ports.
+
+    P2PHANDSHAKE clients need no metadata server, so none is started."""
+
+    def __init__(self, log_dir: Path | None = None, extra_flags: tuple[str, ...] = (),
+                 lease_ttl_ms: int = LEASE_TTL_MS) -> None:
+        self.binary = find_master_binary()
+        self.rpc_port, self.metrics_port = free_port(), free_port()
+        log_dir = log_dir or Path(tempfile.gettempdir())
+        self.log_path = log_dir / f"mooncake-master-{self.rpc_port}.log"
+        self.extra_flags = extra_flags
+        self.lease_ttl_ms = lease_ttl_ms
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.rpc_port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def start(self, timeout_s: float = 15.0) -> LocalMaster:
+        """Spawn and wait until the RPC port accepts (about 0.05 s); StoreError on failure."""
+        cmd = [self.binary, "--rpc_address=127.0.0.1", f"--rpc_port={self.rpc_port}",
+               "--metrics_host=127.0.0.1", f"--metrics_port={self.metrics_port}",
+               "--enable_http_metadata_server=false", f"--default_kv_lease_ttl={self.lease_ttl_ms}",
+               f"--client_ttl={CLIENT_TTL_S}", "--rpc_thread_num=2", "--logtostderr=1",
+               *self.extra_flags]
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        while not _accepts(self.rpc_port):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise StoreError(f"mooncake_master did not start:\n{self.log_tail()}")
+            time.sleep(0.02)
+        return self
+
+    def signal(self, sig: signal.Signals) -> None:
+        """Send ``sig`` to this master's PID (SIGSTOP freezes it, SIGCONT resumes it)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+
+    def kill(self) -> None:
+        """Crash the master (SIGKILL to its PID) and reap it."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def stop(self) -> None:
+        """Stop by PID: SIGCONT (in case frozen), SIGTERM, then SIGKILL after 10 s."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGCONT)
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def log_tail(self, n: int = 2000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
+    def __enter__(self) -> LocalMaster:
+        return self.start() if self.proc is None else self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
