@@ -53,7 +53,7 @@ def _run(traces: list[Trace], adapters: list[str], strict: bool,
 
 
 def _summary(results: list[CaseResult], seconds: float) -> dict[str, Any]:
-    skipped: dict[str, dict[str, list[str]]] = {}
+    skipped: dict[str, dict[str, dict[str, Any]]] = {}
     for r in results:
         for a, names in r.skipped().items():
             skipped.setdefault(a, {})[r.name] = names

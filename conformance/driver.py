@@ -45,6 +45,13 @@ class CoreDriver:
         self.last_offloads: list[tuple[str, int, int, int]] = []  # (rid, group, block, bnd)
         self.step_allocations: dict[str, list[list[int]]] = {}  # new blocks this step
         self.step_scheduled: dict[str, int] = {}  # tokens allocated per request this step
+        # Hand-offs drained by drain_offloads ops and not yet consumed by a connector step
+        # (the connector's conn_step takes them; connector issue).
+        self.undelivered_offloads: list[tuple[str, int, int, int]] = []
+        # Ops this driver did not observe: connector ops it cannot run and, once one was
+        # skipped (``detached``), every later op (still run, not observed; connector issue).
+        self.skipped: list[str] = []
+        self.detached = False
 
     def supports(self, name: str) -> bool:
         return name in CORE_OPS or (self.connector is not None and name in self.connector.ops)
@@ -53,7 +60,19 @@ class CoreDriver:
         """Observation of ``op``, or None when this adapter does not run that op."""
         name = op["op"]
         if not self.supports(name):
+            # A skipped connector op (pins, store jobs) changes block state that later core
+            # observations (free counts, refcounts) reflect; from here on this adapter's
+            # observations are not comparable, so the ops still run but observe nothing.
+            self.detached = True
+            self.skipped.append(name)
             return None
+        if self.detached:
+            self._apply(op, name)
+            self.skipped.append(name)
+            return None
+        return self._apply(op, name)
+
+    def _apply(self, op: dict[str, Any], name: str) -> Observation:
         try:
             if name in CORE_OPS:
                 obs = getattr(self, f"_op_{name}")(op)
@@ -119,7 +138,7 @@ class CoreDriver:
         new = self.core.allocate(rid, n, use_hit=op["use_hit"], external=op["external"],
                                  delay_cache=op["delay_cache"], lookahead=op["lookahead"])
         self.hits.pop(rid, None)
-        self.last_alloc[rid] = n
+        self.last_alloc[rid] = n if new is not None else 0  # nothing to commit on failure
         if new is not None:
             self.step_allocations[rid] = new
             self.step_scheduled[rid] = self.step_scheduled.get(rid, 0) + n
@@ -152,6 +171,7 @@ class CoreDriver:
 
     def _op_drain_offloads(self, op: dict[str, Any]) -> Observation:
         self.last_offloads = self.core.drain_offloads()
+        self.undelivered_offloads.extend(self.last_offloads)
         sizes = self.config.block_sizes
         return {"offloads": [
             {"rid": rid, "group": g, "boundary": b, "block": blk,

@@ -43,14 +43,18 @@ class CaseResult:
     def name(self) -> str:
         return self.trace.name
 
-    def skipped(self) -> dict[str, list[str]]:
-        """Op names each adapter did not run (it does not support them)."""
-        out: dict[str, list[str]] = {}
+    unsupported: dict[str, list[str]] = field(default_factory=dict)
+
+    def skipped(self) -> dict[str, dict[str, Any]]:
+        """Per adapter: the op names it does not support and the number of ops it ran without
+        observing them (after the first unsupported op its block state is no longer
+        comparable: a connector's pins change free counts and refcounts)."""
+        out: dict[str, dict[str, Any]] = {}
         for a, obs in self.observations.items():
-            names = sorted({op["op"] for op, o in zip(self.trace.ops, obs, strict=True)
-                            if o is None})
-            if names:
-                out[a] = names
+            unobserved = sum(o is None for o in obs)
+            if unobserved:
+                out[a] = {"unsupported_ops": self.unsupported.get(a, []),
+                          "unobserved_ops": unobserved}
         return out
 
 
@@ -69,6 +73,8 @@ def run_trace(trace: Trace, adapters: list[str], strict: bool = False) -> CaseRe
     for name in adapters:
         driver = make_driver(name, trace.config)
         result.observations[name] = [driver.apply(op) for op in trace.ops]
+        result.unsupported[name] = sorted({op["op"] for op in trace.ops
+                                           if not driver.supports(op["op"])})
     expected = _canon_stream([op.get("expect") for op in trace.ops], strict)
     canon = {a: _canon_stream(s, strict) for a, s in result.observations.items()}
     for a in adapters:

@@ -1,0 +1,157 @@
+"""Connector adapter over the reference connector model (``tailproof.reference.connector``),
+pinning blocks of the reference core's ``BlockPool``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tailproof.conformance.connector_ops import ConnectorAdapter, batch_obs, job_obs
+from tailproof.reference.connector.config import ConnectorConfig, StoreGeometry
+from tailproof.reference.connector.lookup import matched_tokens, store_lookup
+from tailproof.reference.connector.meta import Job
+from tailproof.reference.connector.scheduler import ConnectorScheduler, Scheduled
+from tailproof.reference.connector.store import ScriptedStore
+from tailproof.reference.connector.worker import SendingWorker
+
+
+class _PoolById:
+    """``touch`` / ``free_blocks`` of the reference ``BlockPool``, addressed by block id."""
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+
+    def touch_ids(self, ids: list[int]) -> None:
+        self.pool.touch([self.pool.blocks[i] for i in ids])
+
+    def free_ids(self, ids: list[int]) -> None:
+        self.pool.free_blocks([self.pool.blocks[i] for i in ids])
+
+
+class ReferenceConnector(ConnectorAdapter):
+    def __init__(self, config: Any, core_backend: Any) -> None:
+        super().__init__(config)
+        self.core = core_backend
+        self.geo = StoreGeometry.from_config(config)
+        self.cconf = ConnectorConfig.from_doc(self.conf)
+        self.sched = ConnectorScheduler(self.cconf, self.geo, _PoolById(core_backend.block_pool))
+        self.store = ScriptedStore()
+        self.workers = [SendingWorker(r, self.geo, self.store)
+                        for r in range(self.cconf.num_workers)]
+
+    def _req(self, rid: str) -> Any:
+        return self.core.requests[rid]
+
+    # --- scheduler side ----------------------------------------------------------------
+
+    def after_alloc(self, driver: Any, rid: str, table: tuple[list[int], ...],
+                    external: int) -> None:
+        self.sched.update_state_after_alloc(self._req(rid), table, external)
+
+    def _job_obs(self, job: Job) -> dict[str, Any]:
+        pins = self.sched.pinned.get(job.store_job_id, ([], 0))[0] \
+            if job.store_job_id is not None else []
+        return job_obs(job.store_job_id, job.rid, job.token_ids_start, job.token_len_chunk,
+                       job.publish_partial_tail,
+                       [(p.group_id, p.block_id, p.num_tokens) for p in job.boundary_puts],
+                       pins)
+
+    def build(self, driver: Any, rows: list[tuple[str, int, str, tuple[list[int], ...], int]],
+              finished: set[str], preempted: set[str],
+              offloads: dict[str, list[tuple[int, int, int]]],
+              table: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        scheduled = [Scheduled(self._req(rid), n, kind, ids, computed)
+                     for rid, n, kind, ids, computed in rows]
+        out = self.sched.build_step(scheduled, finished, preempted, offloads, table)
+        jobs = [self._job_obs(j) for j in out if j.can_save]
+        loads = [{"rid": j.rid, "local": j.load_spec.vllm_cached_tokens,
+                  "external": j.load_spec.kvpool_cached_tokens}
+                 for j in out if j.load_spec is not None]
+        if self.can_put:
+            for w in self.workers:
+                for j in out:
+                    if j.can_save:
+                        w.add(j)
+        for w in self.workers:
+            w.close_ended(finished, preempted)
+        return jobs, loads
+
+    def pinned(self) -> dict[int, tuple[list[int], int]]:
+        return self.sched.pinned
+
+    def remove_skipped(self, driver: Any, rid: str) -> None:
+        req = self._req(rid)
+        processed = max(0, req.num_computed_tokens - req.num_in_flight_tokens)
+        self.core.manager.coordinator.remove_skipped_blocks(rid, processed)
+
+    def register(self, driver: Any, rid: str, block_ids: tuple[list[int], ...],
+                 tails: list[tuple[int, int, int]]) -> dict[str, Any] | None:
+        job = self.sched.register_finished_partial_tail(self._req(rid), block_ids, tails)
+        return self._job_obs(job) if job is not None else None
+
+    def trackers(self) -> dict[str, dict[str, Any]]:
+        return {rid: {"token_len": t.token_len, "saved": t.num_saved_tokens,
+                      "prefill_end": t.prefill_end_tokens, "tail_sent": t.partial_tail_sent}
+                for rid, t in sorted(self.sched.trackers.items())}
+
+    # --- workers -----------------------------------------------------------------------
+
+    def run_worker(self, driver: Any, w: int, n: int | None,
+                   script: Any) -> list[dict[str, Any]]:
+        self.store.set_script(script)
+        ran = self.workers[w].run(n)
+        out = []
+        for i, (job, first, err) in enumerate(ran):
+            last = ran[i + 1][1] if i + 1 < len(ran) else len(self.store.log)
+            entry: dict[str, Any] = {
+                "job": job.store_job_id, "rid": job.rid,
+                "batches": [batch_obs(tags, e) for tags, e in self.store.log[first:last]]}
+            if err:
+                entry["error"] = err
+            out.append(entry)
+        return out
+
+    def worker_state(self, w: int) -> dict[str, Any]:
+        wk = self.workers[w]
+        return {**wk.state(), "queued": [j.store_job_id for j in wk.queue]}
+
+    def take_completed(self, w: int) -> dict[int, int]:
+        return self.workers[w].take_completed()
+
+    def report(self, completed: dict[int, int]) -> list[int]:
+        return self.sched.update_connector_output(completed)
+
+    # --- lookups and store -------------------------------------------------------------
+
+    def _present(self, gid: int, digest: bytes) -> bool:
+        return all((r, gid, digest) in self.store.keys for r in range(len(self.workers)))
+
+    def store_lookup(self, driver: Any, rid: str, n: int) -> tuple[int, list[tuple[int, int]]]:
+        res = store_lookup(self.geo, n, self._req(rid).block_hashes, self._present)
+        return res.hit, list(res.tails)
+
+    def matched(self, driver: Any, rid: str, num_computed: int) -> tuple[int | None, bool]:
+        req = self._req(rid)
+
+        def lookup() -> Any:
+            return store_lookup(self.geo, req.num_tokens, req.block_hashes, self._present)
+
+        return matched_tokens(self.geo, self.cconf.enable_lookup, self.cconf.load_async,
+                              self.sched.load_specs, rid, req.num_tokens, num_computed, lookup)
+
+    def seed(self, driver: Any, rid: str, keys: list[tuple[int, ...]], workers: list[int],
+             remove: bool) -> int:
+        hashes = self._req(rid).block_hashes
+        h = self.geo.hash_block_size
+        n = 0
+        for r in workers:
+            for g, b in keys:
+                key = (r, g, bytes(hashes[b // h - 1]))
+                if remove:
+                    n += self.store.remove([key])
+                else:
+                    self.store.keys[key] = (r, g, b, rid)
+                    n += 1
+        return n
+
+    def store_tags(self) -> list[tuple[int, int, int, str]]:
+        return list(self.store.keys.values())

@@ -1,0 +1,336 @@
+"""Connector adapter over vLLM 0.33's own Mooncake store code, without ZMQ, threads or GPUs.
+
+- scheduler role: a real ``MooncakeStoreScheduler`` built with ``object.__new__`` and the
+  attributes its ``__init__`` sets (MS:138-205), bound to the real ``BlockPool`` of the vLLM core
+  backend; ``build_connector_meta`` gets a stand-in ``SchedulerOutput`` with exactly the fields
+  it reads;
+- worker role: one real ``KVCacheStoreSendingThread`` per rank (never started: its
+  ``_handle_request`` runs synchronously), keyed per rank like a TP deployment, and one bare
+  ``MooncakeStoreWorker`` per rank for ``lookup`` and ``_close_ended_store_requests``;
+- store: the trace-scripted in-memory store (``reference.connector.store.ScriptedStore``) with
+  Mooncake's ``batch_is_exist`` / ``batch_put_from_multi_buffers`` surface.
+
+CUDA events are absent (``current_event`` is None): the fence they provide is a GPU ordering
+concern outside what a trace can observe.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+from types import SimpleNamespace
+from typing import Any
+
+from tailproof.conformance.connector_ops import ConnectorAdapter, batch_obs, job_obs
+from tailproof.reference.connector.store import ScriptedStore
+
+_ROLE = {"producer": "kv_producer", "consumer": "kv_consumer", "both": "kv_both"}
+
+
+def _m() -> SimpleNamespace:
+    from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.coordinator import (
+        MooncakeStoreCoordinator,
+    )
+    from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.data import (
+        ChunkedTokenDatabase,
+        KeyMetadata,
+        MooncakeStoreWorkerMetadata,
+        PoolKey,
+    )
+    from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.scheduler import (
+        MooncakeStoreScheduler,
+    )
+    from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.worker import (
+        KVCacheStoreSendingThread,
+        MooncakeStoreWorker,
+    )
+    from vllm.v1.core.sched.output import KVConnectorBlockState
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    # Scripted store failures make the sending thread log warnings and errors by design.
+    for mod in ("worker", "scheduler"):
+        logging.getLogger(f"{MooncakeStoreScheduler.__module__.rsplit('.', 1)[0]}.{mod}") \
+            .setLevel(logging.CRITICAL)
+
+    return SimpleNamespace(
+        MooncakeStoreCoordinator=MooncakeStoreCoordinator,
+        ChunkedTokenDatabase=ChunkedTokenDatabase, KeyMetadata=KeyMetadata,
+        MooncakeStoreWorkerMetadata=MooncakeStoreWorkerMetadata, PoolKey=PoolKey,
+        MooncakeStoreScheduler=MooncakeStoreScheduler,
+        KVCacheStoreSendingThread=KVCacheStoreSendingThread,
+        MooncakeStoreWorker=MooncakeStoreWorker, KVConnectorBlockState=KVConnectorBlockState,
+        MambaSpec=MambaSpec)
+
+
+class _Store(ScriptedStore):
+    """The scripted store behind Mooncake's store API; tags each put key for observation."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.context: tuple[str, dict[str, int]] = ("", {})  # (writer rid, hash hex -> bnd)
+
+    def batch_put_from_multi_buffers(self, keys: list[str], addrs: Any, sizes: Any,
+                                     replicate_config: Any) -> list[int]:
+        return self.put(keys, [self.tag(k) for k in keys])
+
+    def tag(self, key: str) -> tuple[int, int, int, str]:
+        rid, boundary_of = self.context
+        parts = key.split("@")
+        rank = int(next(p for p in parts if p.startswith("tp_rank:")).split(":")[1])
+        group = int(next(p for p in parts if p.startswith("group:")).split(":")[1])
+        return rank, group, boundary_of[parts[-1]], rid
+
+
+class _LookupClient:
+    """``LookupKeyClient`` without ZMQ: asks rank 0's worker directly."""
+
+    def __init__(self, worker: Any) -> None:
+        self.worker = worker
+
+    def lookup(self, req_id: str, num_tokens: int, block_hashes: Any,
+               non_block: bool = False) -> Any:
+        return self.worker.lookup(num_tokens, block_hashes)
+
+    def discard(self, req_id: str) -> None:
+        return None
+
+
+class VllmMooncakeConnector(ConnectorAdapter):
+    def __init__(self, config: Any, core_backend: Any) -> None:
+        super().__init__(config)
+        m = self.m = _m()
+        self.core = core_backend
+        manager = core_backend.manager
+        kv_config = manager.kv_cache_config
+        h = config.hash_block_size
+        lcm = config.scheduler_block_size
+        partial = bool(getattr(manager.coordinator, "enable_partial_hash_hits", False))
+        alignment = h if partial else lcm
+        store_groups = list(kv_config.prefix_cacheable_groups)
+        self.coord = m.MooncakeStoreCoordinator(
+            store_groups, lcm, h, use_eagle=config.use_eagle,
+            retention_interval=kv_config.prefix_cache_retention_interval,
+            enable_partial_hash_hits=alignment < lcm)
+        self.store = _Store()
+        self.num_workers = n = self.conf["num_workers"]
+        role = _ROLE[self.conf["role"]]
+        self.dbs = [[m.ChunkedTokenDatabase(
+            m.KeyMetadata("tailproof", r, 0, 0, 0, group_id=g), grp.kv_cache_spec.block_size,
+            h) for g, grp in enumerate(store_groups)] for r in range(n)]
+        for dbs in self.dbs:
+            for db in dbs:
+                db.set_kv_caches_base_addr([0])
+                db.set_block_len([1])
+        self.threads = [m.KVCacheStoreSendingThread(
+            self.store, self.coord, self.dbs[r], lcm, r, [1] * len(store_groups), role,
+            threading.Event(), replicate_config=None) for r in range(n)]
+        self.workers = [self._worker(r, store_groups, h) for r in range(n)]
+        self.sched = self._scheduler(kv_config, role, lcm, h, store_groups, core_backend)
+
+    def _worker(self, r: int, store_groups: list[Any], h: int) -> Any:
+        m = self.m
+        w = object.__new__(m.MooncakeStoreWorker)
+        w._capacity_only = False
+        w.coord = self.coord
+        w.token_dbs = self.dbs[r]
+        w._kv_cache_groups = store_groups
+        w.hash_block_size = h
+        w.store = self.store
+        w._lookup_key_prefixes = tuple(
+            tuple(m.PoolKey.build_prefix(db.metadata, tp_rank=rank)
+                  for rank in range(self.num_workers)) for db in self.dbs[r])
+        w._record_kv_connector_operation = lambda *a, **k: None
+        w.kv_send_thread = self.threads[r]
+        w.finished_store_req = set()
+        return w
+
+    def _scheduler(self, kv_config: Any, role: str, lcm: int, h: int, store_groups: list[Any],
+                   core_backend: Any) -> Any:
+        """``MooncakeStoreScheduler.__init__`` (MS:138-205) minus the ZMQ lookup client."""
+        m = self.m
+        s = object.__new__(m.MooncakeStoreScheduler)
+        s.kv_role = role
+        s.load_async = self.conf["load_async"]
+        s.lookup_async = False
+        s.enable_lookup = self.conf["enable_lookup"]
+        s.save_decode_cache = self.conf["save_decode_cache"]
+        s.enable_kv_events = False
+        s.client = _LookupClient(self.workers[0])
+        s.kv_cache_config = kv_config
+        s._store_group_ids = kv_config.prefix_cacheable_group_ids
+        s._store_group_id_by_kv_cache_group_id = {
+            gid: sgid for sgid, gid in enumerate(s._store_group_ids)}
+        s._block_size, s._hash_block_size = lcm, h
+        s._boundary_state_group_ids = frozenset(
+            g for g, grp in enumerate(store_groups) if isinstance(grp.kv_cache_spec, m.MambaSpec))
+        s._capacity_only = (role == "kv_consumer" and not s.enable_lookup
+                            and not s.save_decode_cache)
+        s._store_coord = None if s._capacity_only else self.coord
+        s.enable_partial_hash_hits = self.coord.enable_partial_hash_hits
+        s._gpu_block_pool = None
+        s._num_workers = self.num_workers
+        s._next_store_job_id = 0
+        s._pinned_saves = {}
+        s.load_specs = {}
+        s._request_trackers = {}
+        s._unfinished_requests = {}
+        s._unfinished_request_ids = set()
+        s._finished_partial_tail_metas = {}
+        s.bind_gpu_block_pool(core_backend.block_pool)
+        return s
+
+    def _req(self, rid: str) -> Any:
+        return self.core.requests[rid]
+
+    @staticmethod
+    def _none_if_empty(ids: tuple[list[int], ...]) -> tuple[list[int], ...] | None:
+        return ids if any(ids) else None
+
+    # --- scheduler side ----------------------------------------------------------------
+
+    def after_alloc(self, driver: Any, rid: str, table: tuple[list[int], ...],
+                    external: int) -> None:
+        blocks = SimpleNamespace(get_block_ids=lambda group_ids=None: tuple(
+            list(table[g]) for g in (group_ids if group_ids is not None else range(len(table)))))
+        self.sched.update_state_after_alloc(self._req(rid), blocks, external)
+
+    def _job_obs(self, meta: Any) -> dict[str, Any]:
+        held = self.sched._pinned_saves.get(meta.store_job_id)
+        return job_obs(meta.store_job_id, meta.req_id, meta.token_ids_start,
+                       meta.token_len_chunk, meta.publish_partial_tail,
+                       [(p.group_id, p.block_id, p.num_tokens) for p in meta.boundary_puts or []],
+                       held[0] if held else [])
+
+    def build(self, driver: Any, rows: list[tuple[str, int, str, tuple[list[int], ...], int]],
+              finished: set[str], preempted: set[str],
+              offloads: dict[str, list[tuple[int, int, int]]],
+              table: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        m = self.m
+        new_reqs, cached = [], []
+        for rid, _, kind, ids, computed in rows:
+            if kind == "new":
+                req = self._req(rid)
+                new_reqs.append(SimpleNamespace(
+                    req_id=rid, block_ids=tuple(list(g) for g in ids),
+                    num_computed_tokens=computed, prompt_token_ids=req.prompt_token_ids,
+                    prefill_token_ids=None))
+            else:
+                cached.append((rid, kind, ids, computed))
+        cached.sort(key=lambda c: c[1] == "resumed")  # running first, then resumed (SC:1939)
+        cached_data = SimpleNamespace(
+            req_ids=[c[0] for c in cached],
+            resumed_req_ids={c[0] for c in cached if c[1] == "resumed"},
+            new_block_ids=[self._none_if_empty(c[2]) for c in cached],
+            num_computed_tokens=[c[3] for c in cached])
+        block_state = m.KVConnectorBlockState(
+            req_ids={rid for rid in [r[0] for r in rows] + list(offloads)},
+            resolve_block_ids=lambda rid: tuple(list(g) for g in table(rid)),
+            boundary_state_offloads={rid: list(e) for rid, e in offloads.items()})
+        out = SimpleNamespace(
+            finished_req_ids=set(finished), preempted_req_ids=set(preempted),
+            scheduled_new_reqs=new_reqs, scheduled_cached_reqs=cached_data,
+            num_scheduled_tokens={r[0]: r[1] for r in rows},
+            kv_connector_block_state=block_state)
+        meta = self.sched.build_connector_meta(out)
+        jobs = [self._job_obs(r) for r in meta.requests if r.can_save]
+        loads = [{"rid": r.req_id, "local": r.load_spec.vllm_cached_tokens,
+                  "external": r.load_spec.kvpool_cached_tokens}
+                 for r in meta.requests if r.load_spec is not None]
+        for w, thread in zip(self.workers, self.threads, strict=True):
+            if self.can_put:  # MooncakeStoreWorker.wait_for_save (MW:1957-1977)
+                for r in meta.requests:
+                    if r.can_save:
+                        thread.add_request(copy.copy(r))
+            # get_finished -> _close_ended_store_requests (MW:1979-1990)
+            m.MooncakeStoreWorker._close_ended_store_requests(w, set(finished), meta)
+        return jobs, loads
+
+    def pinned(self) -> dict[int, tuple[list[int], int]]:
+        return self.sched._pinned_saves
+
+    def remove_skipped(self, driver: Any, rid: str) -> None:
+        req = self._req(rid)
+        self.core.manager.remove_skipped_blocks(
+            request_id=rid,
+            processed_computed_tokens=max(0, req.num_computed_tokens - req.num_in_flight_tokens),
+            num_prompt_tokens=req.num_prompt_tokens)
+
+    def register(self, driver: Any, rid: str, block_ids: tuple[list[int], ...],
+                 tails: list[tuple[int, int, int]]) -> dict[str, Any] | None:
+        before = self.sched._next_store_job_id
+        delay = self.sched.register_finished_partial_tail(self._req(rid), block_ids, tails)
+        assert delay is False
+        if self.sched._next_store_job_id == before:
+            return None
+        return self._job_obs(self.sched._finished_partial_tail_metas[rid])
+
+    def trackers(self) -> dict[str, dict[str, Any]]:
+        return {rid: {"token_len": t.token_len, "saved": t.num_saved_tokens,
+                      "prefill_end": t.prefill_end_tokens, "tail_sent": t.partial_tail_sent}
+                for rid, t in sorted(self.sched._request_trackers.items())}
+
+    # --- workers -----------------------------------------------------------------------
+
+    def run_worker(self, driver: Any, w: int, n: int | None,
+                   script: Any) -> list[dict[str, Any]]:
+        self.store.set_script(script)
+        thread = self.threads[w]
+        h = self.trace_config.hash_block_size
+        out = []
+        while not thread.request_queue.empty() and (n is None or len(out) < n):
+            req = thread.request_queue.get_nowait()
+            self.store.context = (req.req_id, {
+                bytes(x).hex(): (i + 1) * h for i, x in enumerate(req.block_hashes)})
+            first = len(self.store.log)
+            entry: dict[str, Any] = {"job": req.store_job_id, "rid": req.req_id}
+            try:
+                thread._handle_request(req)
+            except Exception as e:  # noqa: BLE001 - the thread logs and carries on
+                entry["error"] = type(e).__name__
+            entry["batches"] = [batch_obs(t, e) for t, e in self.store.log[first:]]
+            out.append({"job": entry["job"], "rid": entry["rid"], "batches": entry["batches"],
+                        **({"error": entry["error"]} if "error" in entry else {})})
+        return out
+
+    def worker_state(self, w: int) -> dict[str, Any]:
+        t = self.threads[w]
+        return {"pressure": t._store_pressure_active, "skipped": sorted(t._skip_store_requests),
+                "offsets": {r: n for r, n in sorted(t._saved_offset.items())},
+                "queued": [r.store_job_id for r in list(t.request_queue.queue)]}
+
+    def take_completed(self, w: int) -> dict[int, int]:
+        return self.threads[w].take_completed_saves()
+
+    def report(self, completed: dict[int, int]) -> list[int]:
+        before = set(self.sched._pinned_saves)
+        meta = self.m.MooncakeStoreWorkerMetadata(completed_saves=dict(completed))
+        self.sched.update_connector_output(SimpleNamespace(kv_connector_worker_meta=meta))
+        return [j for j in completed if j in before and j not in self.sched._pinned_saves]
+
+    # --- lookups and store -------------------------------------------------------------
+
+    def store_lookup(self, driver: Any, rid: str, n: int) -> tuple[int, list[tuple[int, int]]]:
+        res = self.workers[0].lookup(n, self._req(rid).block_hashes)
+        return res.hit_length, [(t.group_id, t.num_tokens) for t in res.tail_key_boundaries]
+
+    def matched(self, driver: Any, rid: str, num_computed: int) -> tuple[int | None, bool]:
+        return self.sched.get_num_new_matched_tokens(self._req(rid), num_computed)
+
+    def seed(self, driver: Any, rid: str, keys: list[tuple[int, ...]], workers: list[int],
+             remove: bool) -> int:
+        hashes = self._req(rid).block_hashes
+        h = self.trace_config.hash_block_size
+        n = 0
+        for r in workers:
+            for g, b in keys:
+                key = self.dbs[r][g].key_for(hashes[b // h - 1])
+                if remove:
+                    n += self.store.remove([key])
+                else:
+                    self.store.keys[key] = (r, g, b, rid)
+                    n += 1
+        return n
+
+    def store_tags(self) -> list[tuple[int, int, int, str]]:
+        return list(self.store.keys.values())

@@ -1,0 +1,356 @@
+"""Connector ops of trace format v1 (additive to ``tailproof-trace/1``) and the
+``config.connector`` section: field specs, validation, and the observation helpers both
+connector adapters share, so that they can differ only in what they do.
+
+See ``docs/connector-ops.md`` for the meaning of every op and observation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tailproof.conformance.ops import ANY, KEYS, NAT, NAT_OR_NULL, RID, Field
+
+CONNECTOR_OP_SPECS: dict[str, dict[str, Field]] = {
+    # build_connector_meta: the step's scheduled requests and hand-offs -> store jobs
+    "conn_step": {"scheduled": Field(ANY, None), "finished": Field(ANY, []),
+                  "preempted": Field(ANY, [])},
+    # Scheduler._connector_finished: finalize + register_finished_partial_tail (before free)
+    "conn_finish": {"rid": Field(RID)},
+    # KVCacheStoreSendingThread._handle_request for up to n queued jobs of one worker
+    "worker_run": {"worker": Field(NAT, 0), "n": Field(NAT_OR_NULL, None),
+                   "store": Field(ANY, [])},
+    # build_connector_worker_meta of the named workers -> update_connector_output
+    "worker_report": {"workers": Field(ANY, None)},
+    # MooncakeStoreWorker.lookup for a request's hashes
+    "store_lookup": {"rid": Field(RID), "num_tokens": Field(NAT_OR_NULL, None)},
+    # get_num_new_matched_tokens + the scheduler's remote-vs-local rule
+    "sched_lookup": {"rid": Field(RID), "local": Field(NAT_OR_NULL, None)},
+    # test scaffolding: put / remove store keys of a request's prefixes directly
+    "store_seed": {"rid": Field(RID), "keys": Field(KEYS), "workers": Field(ANY, None)},
+    "store_remove": {"rid": Field(RID), "keys": Field(KEYS), "workers": Field(ANY, None)},
+    # inspection
+    "store_keys": {},
+    "conn_state": {},
+}
+
+CONNECTOR_OPS = frozenset(CONNECTOR_OP_SPECS)
+
+_CONFIG_FIELDS: dict[str, tuple[type, Any]] = {
+    "role": (str, "producer"),
+    "num_workers": (int, 1),
+    "save_decode_cache": (bool, False),
+    "enable_lookup": (bool, True),
+    "load_async": (bool, False),
+}
+
+
+def validate_connector_config(doc: dict[str, Any]) -> dict[str, Any]:
+    """Normalise ``config.connector``: known keys only, typed, with defaults filled in."""
+    unknown = sorted(set(doc) - set(_CONFIG_FIELDS))
+    if unknown:
+        raise ValueError(f"unknown connector key {unknown[0]!r}")
+    out: dict[str, Any] = {}
+    for key, (typ, default) in _CONFIG_FIELDS.items():
+        v = doc.get(key, default)
+        ok = isinstance(v, typ) and (typ is not int or not isinstance(v, bool))
+        if not ok:
+            raise ValueError(f"{key} must be a {typ.__name__}, got {v!r}")
+        out[key] = v
+    if out["role"] not in ("producer", "consumer", "both"):
+        raise ValueError(f"role must be producer, consumer or both, got {out['role']!r}")
+    if not 1 <= out["num_workers"] <= 8:
+        raise ValueError(f"num_workers must be in 1..8, got {out['num_workers']}")
+    return out
+
+
+def connector_config(config: Any) -> dict[str, Any]:
+    """The normalised connector section of a ``TraceConfig`` (defaults when absent)."""
+    return validate_connector_config(dict(getattr(config, "connector", None) or {}))
+
+
+# --- op argument checks (ANY fields) ----------------------------------------------------
+
+
+def _rid_list(v: Any, name: str) -> list[str]:
+    if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
+        raise ValueError(f"{name} must be a list of request ids")
+    return list(v)
+
+
+def scheduled_arg(v: Any, default: dict[str, int]) -> dict[str, int]:
+    """``conn_step.scheduled``: {rid: tokens}, or null for the driver's allocations this step."""
+    if v is None:
+        return dict(default)
+    if not isinstance(v, dict) or not all(
+            isinstance(k, str) and isinstance(n, int) and not isinstance(n, bool) and n >= 0
+            for k, n in v.items()):
+        raise ValueError("scheduled must be an object {rid: tokens}")
+    return dict(v)
+
+
+def rid_set(v: Any, name: str) -> set[str]:
+    return set(_rid_list(v, name))
+
+
+def workers_arg(v: Any, num_workers: int) -> list[int]:
+    if v is None:
+        return list(range(num_workers))
+    if not isinstance(v, list) or not all(
+            isinstance(w, int) and not isinstance(w, bool) and 0 <= w < num_workers for w in v):
+        raise ValueError(f"workers must be a list of ints in 0..{num_workers - 1}")
+    return list(v)
+
+
+# --- observation helpers ------------------------------------------------------------------
+
+
+def put_obs(puts: list[tuple[int, int, int]]) -> list[dict[str, int]]:
+    """Boundary puts as {group, boundary, block} (``block`` is renamed in loose mode)."""
+    return [{"group": g, "boundary": b, "block": blk} for g, blk, b in puts]
+
+
+def job_obs(job_id: int | None, rid: str, start: int, end: int, publish: bool,
+            puts: list[tuple[int, int, int]], pins: list[int]) -> dict[str, Any]:
+    return {"job": job_id, "rid": rid, "start": start, "end": end, "publish": publish,
+            "puts": put_obs(puts), "pins": list(pins)}
+
+
+def held_obs(pinned: dict[int, tuple[list[int], int]]) -> list[list[int]]:
+    """Live store jobs as [job, ranks yet to report] (their block ids are in ``pins``)."""
+    return [[j, r] for j, (_, r) in sorted(pinned.items())]
+
+
+def batch_obs(tags: list[tuple[int, int, int, str]], entry: Any) -> dict[str, Any]:
+    """One put batch of a job: its keys as [group, boundary] and the scripted result."""
+    return {"put": [[g, b] for _, g, b, _ in tags], "result": entry}
+
+
+def offload_obs(offloads: dict[str, list[tuple[int, int, int]]]) -> list[dict[str, Any]]:
+    return [{"rid": rid, "group": g, "boundary": b, "block": blk}
+            for rid, entries in offloads.items() for g, blk, b in entries]
+
+
+def take_offloads(driver: Any) -> dict[str, list[tuple[int, int, int]]]:
+    """This step's boundary hand-offs: those drained by ``drain_offloads`` ops since the last
+    ``conn_step`` plus whatever is still pending in the core (vLLM drains every step, SC:1681)."""
+    flat = list(getattr(driver, "undelivered_offloads", []))
+    if hasattr(driver, "undelivered_offloads"):
+        driver.undelivered_offloads.clear()
+    flat += driver.core.drain_offloads()
+    out: dict[str, list[tuple[int, int, int]]] = {}
+    for rid, g, blk, b in flat:
+        out.setdefault(rid, []).append((g, blk, b))
+    return out
+
+
+class ConnectorAdapter:
+    """What both connector adapters share: op dispatch, the scheduler's per-request
+    bookkeeping around the connector (new / running / resumed, the external tokens chosen by
+    the last ``sched_lookup``), and observation assembly. Subclasses run the model."""
+
+    ops = CONNECTOR_OPS
+
+    def __init__(self, config: Any) -> None:
+        self.trace_config = config
+        self.conf = connector_config(config)
+        self.lcm = config.scheduler_block_size
+        self.running: set[str] = set()
+        self.preempted: set[str] = set()
+        self.externals: dict[str, int] = {}
+
+    @property
+    def can_put(self) -> bool:
+        """``MooncakeStoreWorker.can_put`` (MW:1394): producers, or consumers saving decode."""
+        return self.conf["role"] != "consumer" or self.conf["save_decode_cache"]
+
+    def apply(self, op: dict[str, Any], driver: Any) -> dict[str, Any]:
+        return getattr(self, f"_op_{op['op']}")(op, driver)
+
+    # --- conn_step ---------------------------------------------------------------------
+
+    def _op_conn_step(self, op: dict[str, Any], driver: Any) -> dict[str, Any]:
+        scheduled = scheduled_arg(op["scheduled"], getattr(driver, "step_scheduled", {}))
+        finished = rid_set(op["finished"], "finished")
+        preempted = rid_set(op["preempted"], "preempted")
+        for rid in finished | preempted:
+            self.running.discard(rid)
+            self.preempted.discard(rid)
+        self.preempted |= preempted
+        offloads = take_offloads(driver)
+        rows = []
+        for rid, n in scheduled.items():
+            if rid in self.preempted:
+                kind = "resumed"
+            elif rid in self.running:
+                kind = "running"
+            else:
+                kind = "new"
+            if kind == "running":
+                ids = getattr(driver, "step_allocations", {}).get(rid)
+                block_ids = tuple(list(g) for g in ids) if ids else ()
+            else:
+                block_ids = tuple(list(g) for g in driver.core.table(rid))
+                self.after_alloc(driver, rid, block_ids, self.externals.pop(rid, 0))
+            computed = driver.core.get(rid).num_computed_tokens
+            rows.append((rid, n, kind, block_ids, computed))
+        for rid in scheduled:
+            self.preempted.discard(rid)
+            self.running.add(rid)
+        req_ids = set(scheduled) | set(offloads)
+
+        def table(rid: str) -> tuple[list[int], ...] | None:
+            return tuple(driver.core.table(rid)) if rid in req_ids else None
+
+        jobs, loads = self.build(driver, rows, finished, preempted, offloads, table)
+        return {"offered": offload_obs(offloads), "jobs": jobs, "loads": loads,
+                "held": held_obs(self.pinned())}
+
+    # --- conn_finish -------------------------------------------------------------------
+
+    def _op_conn_finish(self, op: dict[str, Any], driver: Any) -> dict[str, Any]:
+        """``Scheduler._connector_finished`` (SC:3349-3402): finalize (producers only), drop
+        out-of-window blocks, clip the tables to the computed tokens, register the tail."""
+        rid = op["rid"]
+        producer = self.conf["role"] in ("producer", "both")
+        tails = driver.core.finalize_tail(rid) if producer else []
+        self.remove_skipped(driver, rid)
+        view = driver.core.get(rid)
+        table = driver.core.table(rid)
+        block_ids = tuple(
+            ids if g.kind == "mamba_align" else ids[:-(-view.num_computed_tokens // g.block_size)]
+            for g, ids in zip(self.trace_config.groups, table, strict=True))
+        job = self.register(driver, rid, block_ids, tails) if tails else None
+        out: dict[str, Any] = {"tails": [{"group": g, "boundary": b, "block": blk}
+                                         for g, blk, b in tails], "delay": False}
+        out["job"] = job
+        out["held"] = held_obs(self.pinned())
+        return out
+
+    # --- workers -----------------------------------------------------------------------
+
+    def _op_worker_run(self, op: dict[str, Any], driver: Any) -> dict[str, Any]:
+        w = op["worker"]
+        if w >= self.conf["num_workers"]:
+            raise ValueError(f"worker {w} out of range")
+        script = op["store"]
+        jobs = self.run_worker(driver, w, op["n"], script)
+        return {"jobs": jobs, **self.worker_state(w)}
+
+    def _op_worker_report(self, op: dict[str, Any], driver: Any) -> dict[str, Any]:
+        workers = workers_arg(op["workers"], self.conf["num_workers"])
+        total: dict[int, int] = {}
+        for w in workers:
+            for j, c in self.take_completed(w).items():
+                total[j] = total.get(j, 0) + c
+        released = self.report(total)
+        return {"reported": [[j, c] for j, c in sorted(total.items())], "released": released,
+                "held": held_obs(self.pinned()), "pending_push": bool(self.pinned())}
+
+    # --- lookups -----------------------------------------------------------------------
+
+    def _op_store_lookup(self, op: dict[str, Any], driver: Any) -> dict[str, Any]:
+        n = op["num_tokens"]
+        if n is None:
+            n = driver.core.get(op["rid"]).num_tokens
+        hit, tails = self.store_lookup(driver, op["rid"], n)
+        return {"hit": hit, "tails": [list(t) for t in tails]}
+
+    def _op_sched_lookup(self, op: dict[str, Any], driver: Any) -> dict[str, Any]:
+        rid = op["rid"]
+        local = op["local"] if op["local"] is not None else driver.hits.get(rid, 0)
+        aligned = local - local % self.lcm
+        ext, load_async = self.matched(driver, rid, aligned)
+        if ext is None:
+            return {"ext": None}
+        partial_tail = local % self.lcm
+        if partial_tail and ext > partial_tail:  # SC:1166-1177: remote strictly longer
+            local_out, external, truncated = aligned, ext, True
+            # Cut the pending local hit back to the block-aligned prefix, as the scheduler
+            # does before allocating (truncate_computed_blocks, KM:809-840).
+            self.truncate_pending(driver, rid, aligned)
+            driver.hits[rid] = aligned
+        elif partial_tail:  # SC:1178-1184: keep the local sub-block tail, load nothing
+            local_out, external, truncated, load_async = local, 0, False, False
+        else:
+            local_out, external, truncated = local, ext, False
+        self.externals[rid] = external
+        return {"ext": ext, "async": load_async, "local": local_out, "external": external,
+                "truncated": truncated}
+
+    # --- store scaffolding and inspection ----------------------------------------------
+
+    def _op_store_seed(self, op: dict[str, Any], driver: Any) -> dict[str, Any]:
+        workers = workers_arg(op["workers"], self.conf["num_workers"])
+        return {"n": self.seed(driver, op["rid"], [tuple(k) for k in op["keys"]], workers,
+                               remove=False)}
+
+    def _op_store_remove(self, op: dict[str, Any], driver: Any) -> dict[str, Any]:
+        workers = workers_arg(op["workers"], self.conf["num_workers"])
+        return {"n": self.seed(driver, op["rid"], [tuple(k) for k in op["keys"]], workers,
+                               remove=True)}
+
+    def _op_store_keys(self, op: dict[str, Any], driver: Any) -> dict[str, Any]:
+        return {"store": sorted([list(t) for t in self.store_tags()])}
+
+    def _op_conn_state(self, op: dict[str, Any], driver: Any) -> dict[str, Any]:
+        return {"held": held_obs(self.pinned()), "pending_push": bool(self.pinned()),
+                "trackers": self.trackers(),
+                "workers": [self.worker_state(w) for w in range(self.conf["num_workers"])]}
+
+    # --- implemented by each adapter ---------------------------------------------------
+
+    def after_alloc(self, driver: Any, rid: str, table: tuple[list[int], ...],
+                    external: int) -> None:
+        raise NotImplementedError
+
+    def build(self, driver: Any, rows: list[tuple[str, int, str, tuple[list[int], ...], int]],
+              finished: set[str], preempted: set[str],
+              offloads: dict[str, list[tuple[int, int, int]]],
+              table: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        raise NotImplementedError
+
+    def pinned(self) -> dict[int, tuple[list[int], int]]:
+        raise NotImplementedError
+
+    def remove_skipped(self, driver: Any, rid: str) -> None:
+        raise NotImplementedError
+
+    def register(self, driver: Any, rid: str, block_ids: tuple[list[int], ...],
+                 tails: list[tuple[int, int, int]]) -> int | None:
+        raise NotImplementedError
+
+    def run_worker(self, driver: Any, w: int, n: int | None,
+                   script: Any) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    def worker_state(self, w: int) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def take_completed(self, w: int) -> dict[int, int]:
+        raise NotImplementedError
+
+    def report(self, completed: dict[int, int]) -> list[int]:
+        raise NotImplementedError
+
+    def store_lookup(self, driver: Any, rid: str, n: int) -> tuple[int, list[tuple[int, int]]]:
+        raise NotImplementedError
+
+    def matched(self, driver: Any, rid: str, num_computed: int) -> tuple[int | None, bool]:
+        raise NotImplementedError
+
+    def seed(self, driver: Any, rid: str, keys: list[tuple[int, ...]], workers: list[int],
+             remove: bool) -> int:
+        raise NotImplementedError
+
+    def store_tags(self) -> list[tuple[int, int, int, str]]:
+        raise NotImplementedError
+
+    def truncate_pending(self, driver: Any, rid: str, n: int) -> None:
+        """Replace the core's pending hit of ``rid`` by its first ``n`` tokens."""
+        core = driver.core
+        blocks, _ = core.pending[rid]
+        core.pending[rid] = (core.manager.truncate_computed_blocks(blocks, n), n)
+
+    def trackers(self) -> dict[str, dict[str, Any]]:
+        raise NotImplementedError

@@ -1,0 +1,192 @@
+"""Lookups: what the store can serve, and how the scheduler weighs it against a local hit.
+
+Store side mirrors ``MooncakeStoreWorker.lookup`` (MW:2095-2209): candidate keys up to the
+aligned length, a key counts only if every rank's namespace has it, the hybrid hit is the
+longest prefix every group can serve (``MooncakeStoreCoordinator._find_hit_blocks``, MCO:391-510,
+which runs the core managers' own finders: here the reference core's), a hit covering the whole
+request is re-derived below ``align(num_tokens - 1)``, and each group's tail key boundary is
+located (``_tail_key_boundaries``, MW:2211-2255). Scheduler side mirrors
+``get_num_new_matched_tokens`` (MS:210-265) and the remote-vs-local rule of
+``Scheduler.schedule`` (SC:1129-1190).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from tailproof.reference.block_pool import Block
+from tailproof.reference.connector.config import SpecGroup, StoreGeometry
+from tailproof.reference.connector.meta import LoadSpec
+from tailproof.reference.managers import FullAttentionManager, MambaAlignManager
+from tailproof.spec.arithmetic import cdiv, eagle_proof_margin
+
+
+class ExternalPool:
+    """Duck-typed block pool over a ``(group, digest)`` exists set
+    (``ExternalCachedBlockPool``, MCO:46-80)."""
+
+    def __init__(self, h: int, exists: set[tuple[int, bytes]]) -> None:
+        self.hash_block_size = h
+        self.exists = exists
+        self.null_block = Block(0)
+        self.null_block.is_null = True
+        self._present = Block(1)
+
+    def get_cached_block(self, digest: bytes, boundary: int,
+                         group_ids: Sequence[int]) -> list[Block] | None:
+        if all((g, bytes(digest)) in self.exists for g in group_ids):
+            return [self._present] * len(group_ids)
+        return None
+
+    def contains(self, gid: int, digest: bytes) -> bool:
+        return (gid, bytes(digest)) in self.exists
+
+
+def _finder(sg: SpecGroup) -> Callable[..., tuple[list[list[Block]], int]]:
+    return MambaAlignManager.find_longest_cache_hit if sg.is_mamba else (
+        FullAttentionManager.find_longest_cache_hit)
+
+
+def find_hit(geo: StoreGeometry, hashes: Sequence[bytes], max_length: int,
+             pool: ExternalPool) -> int:
+    """The hybrid fixed point of ``MooncakeStoreCoordinator._find_hit_blocks`` (eagle on)."""
+    a = geo.alignment
+    groups = geo.attention_groups
+    hl = list(hashes)
+    if len(groups) == 1:
+        sg = groups[0]
+        _, hit = _finder(sg)(hl, max_length, sg.group_ids, pool, sg.block_size, sg.use_eagle, a)
+        return hit
+    hit_length = max_length
+    group_hit: dict[int, int] = {}
+    simple = len(groups) == 2 and not groups[0].is_mamba
+    verified: set[int] = set()
+    while True:
+        curr = hit_length
+        for idx, sg in enumerate(groups):
+            if not sg.is_mamba and idx in group_hit:
+                curr = min(curr, group_hit[idx])  # full attention is downward closed
+                continue
+            drop = sg.use_eagle and idx not in verified
+            bound = curr
+            if drop and not sg.is_mamba:  # no peek margin for Mamba (#43559)
+                margin = eagle_proof_margin(sg.block_size, geo.hash_block_size, geo.partial_hits)
+                bound = min(curr + margin, len(hl) * geo.hash_block_size)
+            _, new = _finder(sg)(hl, bound, sg.group_ids, pool, sg.block_size, drop, a)
+            if drop:
+                verified.add(idx)
+            elif new < curr:
+                verified.clear()
+            curr = new
+            group_hit[idx] = new
+        if curr >= hit_length:
+            break
+        hit_length = curr
+        if simple:
+            break
+    return hit_length
+
+
+def candidate_units(geo: StoreGeometry, num_hashes: int, token_len: int) -> dict[int, list[int]]:
+    """Hash-unit indices each group probes (MW:2118-2147): every unit below the aligned length
+    with partial hits, else each chunk's block-end unit."""
+    h = geo.hash_block_size
+    out: dict[int, list[int]] = {}
+    for gid, bs in enumerate(geo.block_sizes):
+        if geo.partial_hits:
+            out[gid] = list(range(min(num_hashes, token_len // h)))
+            continue
+        scale = bs // h
+        num_chunks = num_hashes // scale
+        out[gid] = [(c + 1) * scale - 1 for c in range(min(num_chunks, cdiv(token_len, bs)))]
+    return out
+
+
+@dataclass(frozen=True)
+class LookupResult:
+    hit: int
+    tails: tuple[tuple[int, int], ...] = ()  # (group, key boundary)
+
+
+def store_lookup(geo: StoreGeometry, num_tokens: int, hashes: Sequence[bytes],
+                 present: Callable[[int, bytes], bool]) -> LookupResult:
+    """``MooncakeStoreWorker.lookup``; ``present(group, digest)``: every rank has the key."""
+    token_len = geo.align(num_tokens)
+    if not hashes or token_len <= 0:
+        return LookupResult(0)
+    exists = {(gid, bytes(hashes[u])) for gid, units in
+              candidate_units(geo, len(hashes), token_len).items()
+              for u in units if present(gid, bytes(hashes[u]))}
+    pool = ExternalPool(geo.hash_block_size, exists)
+    hit = find_hit(geo, hashes, token_len, pool)
+    if hit >= num_tokens:
+        usable = geo.align(num_tokens - 1)
+        if usable <= 0:
+            return LookupResult(0)
+        hit = find_hit(geo, hashes, usable, pool)
+    return LookupResult(hit, tail_key_boundaries(geo, hashes, hit, pool))
+
+
+def tail_key_boundaries(geo: StoreGeometry, hashes: Sequence[bytes], hit: int,
+                        pool: ExternalPool) -> tuple[tuple[int, int], ...]:
+    """Per group, the boundary whose hash keys its last chunk: ``hit`` itself, else the first
+    present later boundary inside the same chunk (an EAGLE proof key); AssertionError if none."""
+    if hit <= 0:
+        return ()
+    h = geo.hash_block_size
+    out = []
+    idx = hit // h - 1
+    for gid, bs in enumerate(geo.block_sizes):
+        chunk = cdiv(hit, bs) - 1
+        boundary = hit
+        contains = pool.contains(gid, hashes[idx])
+        if not geo.partial_hits:
+            assert contains
+        if not contains:
+            end = min((chunk + 1) * bs // h, len(hashes))
+            for u in range(idx + 1, end):
+                if pool.contains(gid, hashes[u]):
+                    boundary = (u + 1) * h
+                    break
+            else:
+                raise AssertionError(f"No tail key found for cache group {gid} at {hit}")
+        out.append((gid, boundary))
+    return tuple(out)
+
+
+def matched_tokens(geo: StoreGeometry, enable_lookup: bool, load_async: bool,
+                   load_specs: dict[str, LoadSpec], rid: str, num_tokens: int,
+                   num_computed: int, lookup: Callable[[], LookupResult]) -> tuple[int, bool]:
+    """``get_num_new_matched_tokens`` (MS:210-265): sub-block prompts are looked up only with
+    partial hits; a load is proposed only when the store beats ``num_computed``."""
+    if not enable_lookup:
+        return 0, False
+    if num_tokens < geo.alignment:
+        return 0, False
+    res = lookup()
+    need = max(0, res.hit - num_computed)
+    if need <= 0:
+        return 0, False
+    load_specs[rid] = LoadSpec(num_computed, res.hit, False, res.tails)
+    return need, load_async
+
+
+@dataclass(frozen=True)
+class Arbitration:
+    local: int  # local computed tokens adopted
+    external: int  # external tokens to load
+    load_async: bool
+    truncated: bool  # local blocks cut back to the block-aligned hit
+
+
+def arbitrate(local_hit: int, lcm: int, ext: int, load_async: bool) -> Arbitration:
+    """The scheduler's remote-vs-local rule (SC:1129-1190): the connector sees the block-aligned
+    local hit; a remote hit must strictly beat a local sub-block tail to replace it."""
+    partial_tail = local_hit % lcm
+    aligned = local_hit - partial_tail
+    if partial_tail and ext > partial_tail:
+        return Arbitration(aligned, ext, load_async, True)
+    if partial_tail:
+        return Arbitration(local_hit, 0, False, False)
+    return Arbitration(local_hit, ext, load_async, False)

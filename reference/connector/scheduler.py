@@ -1,0 +1,323 @@
+"""Scheduler side of the connector: trackers, store jobs and the GPU block pins they hold.
+
+Mirrors ``MooncakeStoreScheduler`` (MS:135-761). The rules, each with the function it mirrors:
+
+- a normal save covers the lcm floor of the tracked length and is due once that passes the next
+  lcm boundary (``ReqMeta.from_request_tracker``, MD:788-865);
+- the prompt's partial tail is published once, on the save that first covers the prompt, with
+  its attention tail puts (``_partial_tail_non_mamba_puts`` via ``_reference_save_blocks``);
+- core boundary hand-offs are claimed only by a producer, only for live requests, only up to
+  ``prefill_end_tokens`` (decode boundaries are dropped unpinned; a resumed prefill's
+  ``prefill_end_tokens`` covers its replayed outputs), never for null blocks or non-Mamba
+  groups (``_handle_boundary_state_offloads``, MS:672-727);
+- every job gets a never-reused id and pins each distinct non-null block it may read once:
+  its boundary puts and, for a normal save, every non-Mamba block of the current table
+  (``_reference_save_blocks``, MS:550-598);
+- pins are released tail-first exactly once, after every worker reported the job
+  (``update_connector_output``, MS:729-751); preemption and request-id reuse never release an
+  in-flight job, because pins are keyed by job id;
+- a finish-time tail is pinned before the request's blocks are freed
+  (``register_finished_partial_tail``, MS:600-670).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from tailproof.reference.connector.config import ConnectorConfig, StoreGeometry
+from tailproof.reference.connector.meta import (
+    BoundaryPut,
+    Job,
+    LoadSpec,
+    Tracker,
+    from_request_tracker,
+)
+from tailproof.reference.connector.tail import NULL_BLOCK_ID, partial_tail_puts
+
+
+class RequestLike(Protocol):
+    """The live request fields the connector reads (``vllm.v1.request.Request``)."""
+
+    request_id: str
+    all_token_ids: Sequence[int]
+    num_prompt_tokens: int
+    num_computed_tokens: int
+    block_hashes: Sequence[bytes]
+
+
+class PinPool(Protocol):
+    """The GPU block pool, by id: ``BlockPool.touch`` / ``BlockPool.free_blocks``."""
+
+    def touch_ids(self, ids: list[int]) -> None: ...
+
+    def free_ids(self, ids: list[int]) -> None: ...
+
+
+@dataclass
+class Scheduled:
+    """One request scheduled this step (``NewRequestData`` or a ``CachedRequestData`` row)."""
+
+    request: RequestLike
+    num_scheduled: int
+    kind: str  # "new" | "resumed" | "running"
+    block_ids: tuple[list[int], ...]  # new/resumed: the whole table; running: new blocks
+    num_computed_tokens: int  # at schedule time (before this step's tokens)
+
+
+Offloads = dict[str, list[tuple[int, int, int]]]  # rid -> [(group, block, boundary)]
+
+
+class ConnectorScheduler:
+    def __init__(self, conf: ConnectorConfig, geo: StoreGeometry, pool: PinPool) -> None:
+        self.conf = conf
+        self.geo = geo
+        self.pool = pool
+        self.num_workers = conf.num_workers
+        self.next_job_id = 0
+        self.pinned: dict[int, tuple[list[int], int]] = {}  # job -> (ids, ranks yet to report)
+        self.load_specs: dict[str, LoadSpec] = {}
+        self.trackers: dict[str, Tracker] = {}
+        self.unfinished: dict[str, tuple[RequestLike, tuple[list[int], ...]]] = {}
+        self.unfinished_ids: set[str] = set()
+        self.finished_tail_jobs: dict[str, Job] = {}
+
+    # --- admission ---------------------------------------------------------------------
+
+    def update_state_after_alloc(self, request: RequestLike, block_ids: tuple[list[int], ...],
+                                 num_external: int) -> None:
+        """mirrors ``update_state_after_alloc`` (MS:267-302)."""
+        rid = request.request_id
+        self.unfinished[rid] = (request, block_ids if num_external > 0 else ())
+        self.unfinished_ids.add(rid)
+        spec = self.load_specs.get(rid)
+        if spec is None:
+            return
+        if num_external == 0:
+            spec.can_load = False
+            return
+        assert num_external == spec.kvpool_cached_tokens - spec.vllm_cached_tokens
+        spec.can_load = True
+
+    # --- one scheduler step ------------------------------------------------------------
+
+    def build_step(self, scheduled: list[Scheduled], finished: set[str], preempted: set[str],
+                   offloads: Offloads,
+                   current_table: Callable[[str], tuple[list[int], ...] | None]) -> list[Job]:
+        """mirrors ``build_connector_meta`` (MS:304-525); returns the step's metadata rows."""
+        conf, geo = self.conf, self.geo
+        is_consumer = conf.is_consumer
+        for rid in finished:
+            self.load_specs.pop(rid, None)
+            self.trackers.pop(rid, None)
+            self.unfinished.pop(rid, None)
+            self.unfinished_ids.discard(rid)
+        for rid in preempted:
+            self.load_specs.pop(rid, None)
+            if (t := self.trackers.get(rid)) is not None:
+                t.reset()
+            self.unfinished.pop(rid, None)
+        rows: list[Job] = []
+        new = [s for s in scheduled if s.kind == "new"]
+        # CachedRequestData lists running requests, then resumed ones (SC:1939).
+        cached = [s for s in scheduled if s.kind == "running"]
+        cached += [s for s in scheduled if s.kind == "resumed"]
+        for s in new:
+            rows += self._new_request(s, is_consumer)
+        if not is_consumer or conf.save_decode_cache:
+            for s in cached:
+                rows += self._cached_request(s, is_consumer)
+        scheduled_ids = {s.request.request_id for s in scheduled}
+        for rid, (req, block_ids) in list(self.unfinished.items()):
+            if rid in scheduled_ids:
+                continue
+            spec = self.load_specs.pop(rid, None)
+            if spec is None or not spec.can_load:
+                continue
+            t = Tracker(rid, spec.kvpool_cached_tokens, block_ids)
+            self.trackers[rid] = t
+            job = from_request_tracker(t, geo.lcm_block_size, req.block_hashes, load_spec=spec,
+                                       skip_save=None, num_prompt_tokens=req.num_prompt_tokens)
+            if job is not None:
+                rows.append(job)
+        if offloads and not is_consumer:
+            self._handle_offloads(offloads, rows)
+        for job in rows:  # _apply_current_save_block_ids (MS:527-548)
+            if job.can_save:
+                table = current_table(job.rid)
+                assert table is not None, f"Missing current block table for {job.rid}"
+                job.block_ids = tuple(list(ids) for ids in table)
+        rows.extend(self.finished_tail_jobs.values())
+        self.finished_tail_jobs.clear()
+        if not conf.capacity_only:
+            self._reference_save_blocks(rows)
+        return rows
+
+    def _new_request(self, s: Scheduled, is_consumer: bool) -> list[Job]:
+        req = s.request
+        rid = req.request_id
+        spec = self.load_specs.pop(rid, None)
+        assert rid in self.unfinished
+        t = Tracker(rid, s.num_computed_tokens + s.num_scheduled,
+                    tuple(list(ids) for ids in s.block_ids),
+                    prefill_end_tokens=req.num_prompt_tokens)
+        self.trackers[rid] = t
+        job = from_request_tracker(
+            t, self.geo.lcm_block_size, req.block_hashes, load_spec=spec, skip_save=is_consumer,
+            save_partial_tail=self.geo.partial_hits, num_prompt_tokens=req.num_prompt_tokens)
+        return [job] if job is not None else []
+
+    def _cached_request(self, s: Scheduled, is_consumer: bool) -> list[Job]:
+        req = s.request
+        rid = req.request_id
+        # ``get_block_ids(allow_none=True)``: None when every group is empty.
+        new_ids = tuple(list(ids) for ids in s.block_ids) if any(s.block_ids) else None
+        if s.kind == "resumed":
+            if not new_ids:
+                return []
+            spec = self.load_specs.pop(rid, None)
+            real, _ = self.unfinished[rid]
+            t = Tracker(rid, real.num_computed_tokens + s.num_scheduled, new_ids,
+                        prefill_end_tokens=len(real.all_token_ids))
+            self.trackers[rid] = t
+            job = from_request_tracker(
+                t, self.geo.lcm_block_size, real.block_hashes, load_spec=spec,
+                skip_save=is_consumer, save_partial_tail=self.geo.partial_hits,
+                num_prompt_tokens=real.num_prompt_tokens)
+            return [job] if job is not None else []
+        t = self.trackers[rid]
+        is_decode = s.num_computed_tokens >= t.prefill_end_tokens
+        if is_decode and not self.conf.save_decode_cache:
+            return []
+        entry = self.unfinished.get(rid)
+        if entry is None:
+            raise ValueError(f"Request {rid} is not in _unfinished_requests")
+        real = entry[0]
+        t.token_len += len(real.all_token_ids[t.token_len:t.token_len + s.num_scheduled])
+        if new_ids:
+            t.update(new_ids)
+        if is_consumer and not is_decode:
+            return []
+        job = from_request_tracker(
+            t, self.geo.lcm_block_size, real.block_hashes, skip_save=False,
+            save_partial_tail=self.geo.partial_hits, num_prompt_tokens=real.num_prompt_tokens)
+        return [job] if job is not None else []
+
+    def _handle_offloads(self, offloads: Offloads, rows: list[Job]) -> None:
+        """mirrors ``_handle_boundary_state_offloads`` (MS:672-727)."""
+        save_rows = {j.rid: j for j in rows if j.can_save}
+        for rid, entries in offloads.items():
+            t = self.trackers.get(rid)
+            entry = self.unfinished.get(rid)
+            if t is None or entry is None:
+                continue  # finished/preempted within this step: dropped
+            accepted: list[BoundaryPut] = []
+            for gid, block_id, boundary in entries:
+                if boundary > t.prefill_end_tokens:
+                    continue  # decode boundary: can never complete a joint hit
+                if block_id == NULL_BLOCK_ID or gid not in self.geo.mamba_group_ids:
+                    continue
+                accepted.append(BoundaryPut(gid, block_id, boundary))
+            if not accepted:
+                continue
+            t.has_pending_offload = True
+            if (job := save_rows.get(rid)) is not None:
+                job.boundary_puts = accepted  # replaces, as vLLM does
+                continue
+            req = entry[0]
+            rows.append(Job(
+                rid=rid, token_len_chunk=0, block_ids=t.allocated_block_ids,
+                block_hashes=req.block_hashes, can_save=True,
+                num_prompt_tokens=req.num_prompt_tokens,
+                prefill_end_tokens=t.prefill_end_tokens, boundary_puts=accepted,
+                completed_token_len=t.token_len))
+
+    def _reference_save_blocks(self, rows: list[Job]) -> None:
+        """mirrors ``_reference_save_blocks`` (MS:550-598): job ids and pins."""
+        for job in rows:
+            if not job.can_save:
+                continue
+            if job.store_job_id is not None:
+                assert job.store_job_id in self.pinned
+                continue
+            tail = partial_tail_puts(self.geo, job)
+            if tail:
+                job.boundary_puts = [*tail, *job.boundary_puts]
+            job.store_job_id = self.next_job_id
+            self.next_job_id += 1
+            ids = [p.block_id for p in job.boundary_puts]
+            assert NULL_BLOCK_ID not in ids, "A null block cannot back a boundary put"
+            if job.token_len_chunk:
+                ids += [b for gid, table in enumerate(job.block_ids)
+                        if gid not in self.geo.mamba_group_ids for b in table
+                        if b != NULL_BLOCK_ID]
+            ids = list(dict.fromkeys(ids))
+            if not ids:
+                continue
+            self.pinned[job.store_job_id] = (ids, self.num_workers)
+            self.pool.touch_ids(ids)
+
+    # --- finish-time hand-off ----------------------------------------------------------
+
+    def register_finished_partial_tail(self, request: RequestLike,
+                                       block_ids: tuple[list[int], ...],
+                                       tails: list[tuple[int, int, int]]) -> Job | None:
+        """mirrors ``register_finished_partial_tail`` (MS:600-670): pin the finish-time tail
+        (and its attention tail puts) now, emit the job with the next step. Never delays the
+        core free (returns the job, vLLM returns False)."""
+        if self.conf.is_consumer or not tails:
+            return None
+        t = self.trackers.get(request.request_id)
+        if t is None or not any(block_ids):
+            return None
+        boundaries = {b for _, _, b in tails}
+        if len(boundaries) != 1:
+            raise ValueError("Partial-tail offloads for one request must share a boundary")
+        boundary = next(iter(boundaries))
+        if boundary > t.prefill_end_tokens:
+            return None
+        mamba_puts: list[BoundaryPut] = []
+        for gid, block_id, b in tails:
+            if gid not in self.geo.mamba_group_ids or block_id == NULL_BLOCK_ID:
+                return None
+            mamba_puts.append(BoundaryPut(gid, block_id, b))
+        job = Job(rid=request.request_id, token_len_chunk=0,
+                  block_ids=tuple(list(ids) for ids in block_ids),
+                  block_hashes=list(request.block_hashes), can_save=True,
+                  num_prompt_tokens=request.num_prompt_tokens,
+                  prefill_end_tokens=t.prefill_end_tokens, boundary_puts=mamba_puts,
+                  completed_token_len=request.num_computed_tokens)
+        job.boundary_puts = [*partial_tail_puts(self.geo, job), *mamba_puts]
+        ids = list(dict.fromkeys(p.block_id for p in job.boundary_puts))
+        assert request.request_id not in self.finished_tail_jobs
+        job.store_job_id = self.next_job_id
+        self.next_job_id += 1
+        self.pinned[job.store_job_id] = (ids, self.num_workers)
+        self.pool.touch_ids(ids)
+        self.finished_tail_jobs[request.request_id] = job
+        t.has_pending_offload = True
+        return job
+
+    # --- completion --------------------------------------------------------------------
+
+    def update_connector_output(self, completed: dict[int, int]) -> list[int]:
+        """mirrors ``update_connector_output`` (MS:729-751); returns the released job ids."""
+        released = []
+        for job_id, count in completed.items():
+            entry = self.pinned.get(job_id)
+            if entry is None:
+                continue  # the job pinned nothing
+            ids, remaining = entry
+            remaining -= count
+            if remaining > 0:
+                self.pinned[job_id] = (ids, remaining)
+                continue
+            assert remaining == 0, f"store job {job_id} reported by too many ranks"
+            del self.pinned[job_id]
+            self.pool.free_ids(list(reversed(ids)))
+            released.append(job_id)
+        return released
+
+    def has_pending_push_work(self) -> bool:
+        return bool(self.pinned)

@@ -1,0 +1,210 @@
+"""One worker rank's store sending thread, run synchronously job by job.
+
+Mirrors ``KVCacheStoreSendingThread`` (MW:397-1045) and the ledger retirement of
+``MooncakeStoreWorker._close_ended_store_requests`` (MW:2063-2085). Per job, in order:
+
+1. not live (its request was preempted/retired since it was queued) -> nothing;
+2. pressure gate: while pressure is active, a request in the skip set puts nothing (MW:548);
+3. boundary puts, deduped against the store; a failed batch (-200 sets the pressure gate and,
+   for a live job, skips its request) keeps its keys absent and skips this job's normal save
+   (``_maybe_offload_boundary_states``, MW:615-725); a fully successful batch clears the gate;
+4. an offload-only job (``token_len_chunk == 0``) stops here;
+5. the normal save of the lcm-floored range from this rank's own offset: non-Mamba groups only
+   (``store_mask`` excludes Mamba, MCO:278-309), null or missing sources skipped, each chunk keyed
+   by its block-end hash; the offset advances only on full success of a live job, which also
+   clears the gate; -200 marks pressure.
+
+Every path reports the job exactly once (the single ``finally``), so the scheduler can release
+its pins: skipped, failed and not-live jobs included.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from tailproof.reference.connector.config import StoreGeometry
+from tailproof.reference.connector.meta import Job
+from tailproof.reference.connector.store import NO_AVAILABLE_HANDLE, ScriptedStore
+from tailproof.reference.connector.tail import NULL_BLOCK_ID
+from tailproof.spec.arithmetic import cdiv, round_down
+
+Key = tuple[int, int, bytes]  # (rank, store group, prefix digest)
+Tag = tuple[int, int, int, str]  # (rank, store group, boundary, writer request)
+
+
+class SendingWorker:
+    def __init__(self, rank: int, geo: StoreGeometry, store: ScriptedStore) -> None:
+        self.rank = rank
+        self.geo = geo
+        self.store = store
+        self.ledger: dict[str, set[int]] = {}  # stored_requests: live job ids per request
+        self.completed: dict[int, int] = {}  # _completed_saves, drained by reports
+        self.pressure = False  # _store_pressure_active
+        self.skip: set[str] = set()  # _skip_store_requests
+        self.offsets: dict[str, int] = {}  # _saved_offset
+        self.queue: deque[Job] = deque()
+        self.finished_store_req: set[str] = set()
+
+    # --- ledger ------------------------------------------------------------------------
+
+    def add(self, job: Job) -> None:
+        """``add_request``: register before enqueueing (MW:463-470)."""
+        assert job.store_job_id is not None
+        self.ledger.setdefault(job.rid, set()).add(job.store_job_id)
+        self.queue.append(job)
+
+    def _live(self, job: Job) -> bool:
+        return job.store_job_id in self.ledger.get(job.rid, ())
+
+    def _delete(self, rid: str) -> None:
+        """``delete_finished_stored_request`` (MW:478-484)."""
+        self.ledger.pop(rid, None)
+        self.skip.discard(rid)
+        self.offsets.pop(rid, None)
+
+    def close_ended(self, finished: set[str], preempted: set[str]) -> None:
+        """``_close_ended_store_requests``: preempted now, finished once drained."""
+        for rid in preempted:
+            self._delete(rid)
+        for rid in finished | self.finished_store_req:
+            if self.ledger.get(rid):
+                self.finished_store_req.add(rid)
+            else:
+                self.finished_store_req.discard(rid)
+                self._delete(rid)
+
+    def take_completed(self) -> dict[int, int]:
+        out, self.completed = self.completed, {}
+        return out
+
+    # --- pressure gate (MW:548-569) -----------------------------------------------------
+
+    def _mark_pressure(self, job: Job) -> None:
+        self.pressure = True
+        if self._live(job):
+            self.skip.add(job.rid)
+
+    def _clear_pressure(self) -> None:
+        self.pressure = False
+        self.skip.clear()
+
+    # --- jobs --------------------------------------------------------------------------
+
+    def run(self, n: int | None) -> list[tuple[Job, int, str | None]]:
+        """Run up to ``n`` queued jobs (all when None), FIFO. Returns (job, index of its first
+        store-log entry, exception class name or None) per job."""
+        out = []
+        while self.queue and (n is None or len(out) < n):
+            job = self.queue.popleft()
+            first = len(self.store.log)
+            err = None
+            try:
+                self.handle(job)
+            except Exception as e:  # noqa: BLE001 - the thread logs and carries on
+                err = type(e).__name__
+            out.append((job, first, err))
+        return out
+
+    def handle(self, job: Job) -> None:
+        try:
+            self._handle(job)
+        finally:
+            live = self.ledger.get(job.rid)
+            if live is not None:
+                live.discard(job.store_job_id)  # type: ignore[arg-type]
+            jid = job.store_job_id
+            assert jid is not None
+            self.completed[jid] = self.completed.get(jid, 0) + 1
+
+    def _handle(self, job: Job) -> None:
+        geo = self.geo
+        token_len = round_down(job.token_len_chunk, geo.lcm_block_size)
+        if not self._live(job):
+            return
+        if self.pressure and job.rid in self.skip:
+            return
+        if not self._boundary_puts(job):
+            return
+        if token_len == 0:
+            return
+        self._normal_save(job, token_len)
+
+    def _key(self, gid: int, job: Job, boundary: int) -> tuple[Key, Tag]:
+        h = self.geo.hash_block_size
+        digest = bytes(job.block_hashes[boundary // h - 1])
+        return (self.rank, gid, digest), (self.rank, gid, boundary, job.rid)
+
+    def _put(self, job: Job, keys: list[Key], tags: list[Tag]) -> str:
+        """Dedupe against the store, then put the missing keys in one batch.
+
+        Returns "none" (everything already present: no put, the gate untouched), "ok", or
+        "failed" (an exception or any negative code; -200 marks pressure)."""
+        exists = self.store.batch_is_exist(keys)
+        missing = [i for i, e in enumerate(exists) if e != 1]
+        if not missing:
+            return "none"
+        try:
+            codes = self.store.put([keys[i] for i in missing], [tags[i] for i in missing])
+        except Exception:  # noqa: BLE001 - a store exception fails the batch closed
+            return "failed"
+        failed = {c for c in codes if c < 0}
+        if NO_AVAILABLE_HANDLE in failed:
+            self._mark_pressure(job)
+        return "failed" if failed else "ok"
+
+    def _boundary_puts(self, job: Job) -> bool:
+        """``_maybe_offload_boundary_states`` (MW:571-725)."""
+        if not job.boundary_puts or not job.block_hashes:
+            return True
+        h = self.geo.hash_block_size
+        keys: list[Key] = []
+        tags: list[Tag] = []
+        for gid, block_id, n in job.boundary_puts:
+            if n == 0 or block_id == NULL_BLOCK_ID:
+                continue
+            assert n % h == 0
+            if n // h - 1 >= len(job.block_hashes):
+                continue
+            k, t = self._key(gid, job, n)
+            keys.append(k)
+            tags.append(t)
+        if not keys:
+            return True
+        result = self._put(job, keys, tags)
+        if result == "ok":
+            self._clear_pressure()
+        return result != "failed"
+
+    def _normal_save(self, job: Job, token_len: int) -> None:
+        geo = self.geo
+        start = self.offsets.get(job.rid, 0)
+        keys: list[Key] = []
+        tags: list[Tag] = []
+        assert token_len // geo.hash_block_size <= len(job.block_hashes)
+        for gid, bs in enumerate(geo.block_sizes):
+            if gid in geo.mamba_group_ids:
+                continue  # never saved positionally
+            table = job.block_ids[gid]
+            for chunk in range(cdiv(start, bs), cdiv(token_len, bs)):
+                end = min((chunk + 1) * bs, token_len)
+                if chunk >= len(table) or table[chunk] == NULL_BLOCK_ID:
+                    continue
+                k, t = self._key(gid, job, end)
+                keys.append(k)
+                tags.append(t)
+        result = self._put(job, keys, tags) if keys else "none"
+        if result != "failed":
+            self._record_saved(job, token_len)
+        if result == "ok":
+            self._clear_pressure()
+
+    def _record_saved(self, job: Job, token_len: int) -> None:
+        if self._live(job):
+            self.offsets[job.rid] = token_len
+
+    # --- observation -------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        return {"pressure": self.pressure, "skipped": sorted(self.skip),
+                "offsets": {r: n for r, n in sorted(self.offsets.items())}}

@@ -1,0 +1,123 @@
+"""Unit checks of the reference connector model against numbers verified on vLLM 0.33
+(notes §3.2, §3.6, §6.2) and of the connector trace format (config validation, store scripts)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from tailproof.conformance.connector_ops import (
+    CONNECTOR_OP_SPECS,
+    validate_connector_config,
+)
+from tailproof.conformance.ops import all_op_specs
+from tailproof.conformance.trace import TraceError, parse_trace
+from tailproof.reference.connector.config import StoreGeometry
+from tailproof.reference.connector.lookup import arbitrate
+from tailproof.reference.connector.meta import BoundaryPut, Job
+from tailproof.reference.connector.store import ScriptedStore, StoreRaised, check_script
+from tailproof.reference.connector.tail import partial_tail_puts
+
+FA, M = "full_attention", "mamba_align"
+
+
+def _cfg(fa_bs: int, eagle: bool, h: int = 4, m_bs: int = 16) -> SimpleNamespace:
+    groups = [SimpleNamespace(kind=FA, block_size=fa_bs, eagle=eagle),
+              SimpleNamespace(kind=M, block_size=m_bs, eagle=False)]
+    return SimpleNamespace(groups=groups, hash_block_size=h, num_blocks=64, enable_caching=True,
+                           use_eagle=eagle, max_model_len=8192, max_num_scheduled_tokens=8192,
+                           long_prefill_token_threshold=0)
+
+
+@pytest.mark.parametrize(("fa_bs", "eagle", "prompt", "expected"), [
+    (4, False, 45, [36, 40, 44]),
+    (4, True, 49, [36, 40, 44, 48]),
+    (16, False, 45, [44]),
+    (16, True, 49, [48]),
+    (8, True, 49, [40, 48]),
+])
+def test_attention_tail_puts_match_vllm(fa_bs: int, eagle: bool, prompt: int,
+                                        expected: list[int]) -> None:
+    """notes §3.2 [ran 0.33]: lcm 16, h 4, Mamba 16, checkpoint 44."""
+    geo = StoreGeometry.from_config(_cfg(fa_bs, eagle))
+    table = list(range(1, 20))
+    job = Job(rid="r", token_len_chunk=0, block_ids=(table, [0, 0, 30]),
+              block_hashes=[b"x"] * 20, num_prompt_tokens=prompt, completed_token_len=prompt,
+              boundary_puts=[BoundaryPut(1, 30, 44)])
+    puts = partial_tail_puts(geo, job)
+    assert [p.num_tokens for p in puts] == expected
+    assert all(p.group_id == 0 for p in puts)
+
+
+def test_tail_puts_omitted_until_the_proof_is_computed() -> None:
+    """register_finished_partial_tail with EAGLE: proof_end 48 > completed 44 -> no FA put."""
+    geo = StoreGeometry.from_config(_cfg(16, True))
+    job = Job(rid="r", token_len_chunk=0, block_ids=([1, 2, 3], [0, 0, 9]),
+              block_hashes=[b"x"] * 12, num_prompt_tokens=49, completed_token_len=44,
+              boundary_puts=[BoundaryPut(1, 9, 44)])
+    assert partial_tail_puts(geo, job) == []
+
+
+@pytest.mark.parametrize(("local", "ext", "expected"), [
+    (20, 12, (16, 12, True)),  # remote 28 strictly beats local 20
+    (20, 4, (20, 0, False)),  # remote 20 does not: keep the local tail
+    (16, 8, (16, 8, False)),  # block-aligned local: take the remote tokens
+    (16, 0, (16, 0, False)),
+])
+def test_remote_vs_local_arbitration(local: int, ext: int,
+                                     expected: tuple[int, int, bool]) -> None:
+    a = arbitrate(local, 16, ext, True)
+    assert (a.local, a.external, a.truncated) == expected
+
+
+def test_connector_config_defaults_and_errors() -> None:
+    assert validate_connector_config({}) == {
+        "role": "producer", "num_workers": 1, "save_decode_cache": False,
+        "enable_lookup": True, "load_async": False}
+    for bad, msg in [({"role": "kv_producer"}, "role"), ({"workers": 2}, "unknown"),
+                     ({"num_workers": True}, "num_workers"), ({"num_workers": 0}, "1..8")]:
+        with pytest.raises(ValueError, match=msg):
+            validate_connector_config(bad)
+
+
+def test_trace_loader_validates_the_connector_section() -> None:
+    doc = {"format": "tailproof-trace/1", "config": {
+        "groups": [{"kind": FA, "block_size": 16}, {"kind": M, "block_size": 16}],
+        "hash_block_size": 4, "num_blocks": 8, "connector": {"role": "nope"}}, "ops": []}
+    with pytest.raises(TraceError, match="config.connector: role"):
+        parse_trace(doc)
+    doc["config"]["connector"] = {"num_workers": 2}
+    assert parse_trace(doc).config.connector["num_workers"] == 2
+
+
+def test_connector_ops_are_merged_into_the_vocabulary() -> None:
+    specs = all_op_specs()
+    assert set(CONNECTOR_OP_SPECS) <= set(specs)
+    doc = {"format": "tailproof-trace/1", "config": {
+        "groups": [{"kind": FA, "block_size": 16}, {"kind": M, "block_size": 16}],
+        "hash_block_size": 4, "num_blocks": 8},
+        "ops": [{"op": "add_request", "rid": "A", "tokens": [1, 2, 3, 4]},
+                {"op": "conn_step"}, {"op": "worker_run", "store": ["full"]},
+                {"op": "store_lookup", "rid": "A"}]}
+    ops = parse_trace(doc).ops
+    assert ops[1] == {"op": "conn_step", "scheduled": None, "finished": [], "preempted": []}
+    doc["ops"].append({"op": "worker_run", "bogus": 1})
+    with pytest.raises(TraceError, match="unknown field"):
+        parse_trace(doc)
+
+
+def test_scripted_store_outcomes() -> None:
+    s = ScriptedStore()
+    s.set_script(["full", ["ok", "error", -7], "raise"])
+    assert s.put(["a"], ["ta"]) == [-200]
+    assert s.put(["b", "c", "d", "e"], ["tb", "tc", "td", "te"]) == [0, -1, -7, 0]
+    with pytest.raises(StoreRaised):
+        s.put(["f"], ["tf"])
+    assert s.put(["g"], ["tg"]) == [0]  # exhausted script: ok
+    assert sorted(s.keys) == ["b", "e", "g"]
+    assert s.batch_is_exist(["a", "b"]) == [0, 1]
+    with pytest.raises(ValueError, match="entry 0"):
+        check_script(["maybe"])
+    with pytest.raises(ValueError, match="entry 0"):
+        check_script([[True]])
