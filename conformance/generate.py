@@ -119,6 +119,9 @@ def lockstep_trace(draw: st.DrawFn, adapters: list[str], max_steps: int = 16,
     config = {"groups": [{"kind": k, "block_size": b, **({"eagle": True} if e else {})}
                          for k, b, e in groups],
               "hash_block_size": h, "num_blocks": num_blocks, "use_eagle": eagle}
+    smallest = min(b for _, b, _ in groups)
+    if smallest < biggest and draw(st.booleans()):
+        config["split_block_size"] = smallest  # the engine's cache_config.block_size
     run = Lockstep(config, adapters, strict)
     prompts: dict[str, list[int]] = {}
     waiting: list[str] = []

@@ -44,6 +44,7 @@ class TraceConfig:
     max_model_len: int = 8192
     max_num_scheduled_tokens: int = 8192
     long_prefill_token_threshold: int = 0
+    split_block_size: int | None = None
     connector: dict[str, Any] | None = None
 
     @property
@@ -81,7 +82,7 @@ class Trace:
 
 _CONFIG_KEYS = {
     "groups", "hash_block_size", "num_blocks", "enable_caching", "use_eagle", "max_model_len",
-    "max_num_scheduled_tokens", "long_prefill_token_threshold", "connector",
+    "max_num_scheduled_tokens", "long_prefill_token_threshold", "split_block_size", "connector",
 }
 
 
@@ -150,6 +151,12 @@ def _parse_config(doc: Any, source: str) -> TraceConfig:
             if not _is_int(v) or v < 0:
                 raise _err(source, f"config.{key}", f"must be an int >= 0, got {v!r}")
             kw[key] = v
+    if "split_block_size" in doc:
+        v = doc["split_block_size"]
+        if not _is_int(v) or v not in [g.block_size for g in groups]:
+            raise _err(source, "config.split_block_size",
+                       f"must be a group block size (the split's Mamba alignment unit), got {v!r}")
+        kw["split_block_size"] = v
     connector = doc.get("connector")
     if connector is not None:
         connector = _validate_connector(connector, source)

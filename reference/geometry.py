@@ -45,6 +45,7 @@ class Geometry:
     max_model_len: int = 8192
     max_num_scheduled_tokens: int = 8192
     long_prefill_token_threshold: int = 0
+    split_block_size: int | None = None  # cache_config.block_size override (trace config)
     # Derived in __post_init__.
     scheduler_block_size: int = field(init=False)
     coordinator_kind: str = field(init=False)  # "none" | "unitary" | "hybrid"
@@ -115,15 +116,23 @@ class Geometry:
 
     @property
     def cache_config_block_size(self) -> int:
-        """``cache_config.block_size``: the smallest prefix-cacheable group block size
-        (engine/core.py), the Mamba alignment unit of ``_mamba_block_aligned_split``."""
-        return min(g.block_size for g in self.groups)
+        """``cache_config.block_size`` as ``_mamba_block_aligned_split`` reads it: its Mamba
+        alignment unit. Taken as the (largest) Mamba block size, as the conformance harness's
+        vLLM adapter and the verified C-series runs do. Real hybrid models give attention and
+        Mamba one block size; engine/core.py would set ``min`` of the group sizes, which differs
+        only when full attention uses smaller blocks than Mamba."""
+        if self.split_block_size is not None:
+            return self.split_block_size
+        mamba = [g.block_size for g in self.groups if g.kind == MAMBA_ALIGN]
+        return max(mamba) if mamba else min(g.block_size for g in self.groups)
 
     @property
     def mamba_partial_cache_hit(self) -> bool:
         """``Scheduler.mamba_partial_cache_hit``."""
-        return self.has_mamba and self.hash_block_size < self.scheduler_block_size and (
-            self.partial_hits
+        return (
+            self.has_mamba
+            and self.hash_block_size < self.scheduler_block_size
+            and self.partial_hits
         )
 
     @classmethod
@@ -142,6 +151,7 @@ class Geometry:
             max_model_len=int(getattr(config, "max_model_len", 8192)),
             max_num_scheduled_tokens=int(getattr(config, "max_num_scheduled_tokens", 8192)),
             long_prefill_token_threshold=int(getattr(config, "long_prefill_token_threshold", 0)),
+            split_block_size=getattr(config, "split_block_size", None),
         )
 
 

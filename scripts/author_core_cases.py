@@ -288,7 +288,23 @@ CASES: dict[str, tuple[str, dict[str, Any], list[dict[str, Any]]]] = {
         cfg([(FA, 4), (M, 4)], 2, 24), add("p", [0, 1, 2, 3, 4]) + prefill("p", 2)
         + op("append_output", rid="p", tokens=[9, 9, 9]) + step("p", n=1) + step("p", n=1)
         + step("p", n=1) + snap()),
+    "core_c33_engine_split_unit": (
+        "The engine sets cache_config.block_size to the smallest group block size "
+        "(engine/core.py); with FA 2 < Mamba 4 the split then stops at ck(7)=6 directly "
+        "(chunks 6, 7) and the tail is registered inside the second Mamba block.",
+        {**C1, "split_block_size": 2}, add("r0", P7) + prefill("r0", 2) + snap()
+        + add("c", [0, 0, 1, 1, 2, 2, 9, 9, 8]) + prefill("c", 2) + snap()),
 }
+
+
+def _keep_reviewed_expectations(doc: dict[str, Any], path: Path) -> None:
+    """Carry recorded expectations over when a case's config and ops are unchanged."""
+    if not path.exists():
+        return
+    old = json.loads(path.read_text())
+    bare = [{k: v for k, v in o.items() if k != "expect"} for o in old["ops"]]
+    if old.get("config") == doc["config"] and bare == doc["ops"]:
+        doc["ops"] = old["ops"]
 
 
 def main() -> int:
@@ -296,7 +312,9 @@ def main() -> int:
     for name, (desc, config, ops) in CASES.items():
         doc = {"format": "tailproof-trace/1", "name": name, "description": desc,
                "config": config, "ops": ops}
-        (OUT / f"{name}.json").write_text(json.dumps(doc, indent=1) + "\n")
+        path = OUT / f"{name}.json"
+        _keep_reviewed_expectations(doc, path)
+        path.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"wrote {len(CASES)} cases to {OUT}", file=sys.stderr)
     return 0
 

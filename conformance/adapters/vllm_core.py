@@ -88,7 +88,7 @@ class VllmCoreBackend:
                    and self.manager.coordinator.enable_partial_hash_hits)
         return SimpleNamespace(
             block_size=cfg.scheduler_block_size,
-            cache_config=SimpleNamespace(block_size=max(mamba)),
+            cache_config=SimpleNamespace(block_size=cfg.split_block_size or max(mamba)),
             hash_block_size=cfg.hash_block_size,
             max_num_scheduled_tokens=cfg.max_num_scheduled_tokens,
             scheduler_config=SimpleNamespace(

@@ -1,0 +1,182 @@
+"""Unit checks of the reference's building blocks against the vLLM 0.33 rules they mirror."""
+
+from __future__ import annotations
+
+import pytest
+
+from tailproof.reference.block_pool import BlockPool, FreeBlockQueue
+from tailproof.reference.geometry import Geometry, GroupSpec
+from tailproof.reference.hashing import extend_block_hashes, hash_block_tokens
+from tailproof.reference.kv_manager import KVCacheManager
+from tailproof.reference.request import Request
+from tailproof.reference.scheduler_split import mamba_block_aligned_split, plan_chunk
+
+FA, MA = "full_attention", "mamba_align"
+
+
+def geo(groups: list[tuple[str, int]], h: int, **kw: object) -> Geometry:
+    return Geometry(groups=tuple(GroupSpec(k, b) for k, b in groups), hash_block_size=h,
+                    num_blocks=kw.pop("num_blocks", 24), **kw)  # type: ignore[arg-type]
+
+
+# --- free queue and pool --------------------------------------------------------------
+
+def test_free_queue_discipline() -> None:
+    pool = BlockPool(8, True, 2)
+    q = pool.free_block_queue
+    assert q.block_ids() == [1, 2, 3, 4, 5, 6, 7]  # block 0 is the null block
+    a = pool.get_new_blocks(3)
+    assert [b.block_id for b in a] == [1, 2, 3]
+    # Hashed blocks go to the tail, unhashed to the front, each in the given order.
+    a[0].block_hash = (0, 2, b"x")
+    pool.free_blocks([a[0], a[1], a[2]])
+    assert q.block_ids() == [2, 3, 4, 5, 6, 7, 1]
+    pool.touch([pool.blocks[5]])
+    assert q.block_ids() == [2, 3, 4, 6, 7, 1]
+    q2 = FreeBlockQueue([pool.blocks[i] for i in (1, 2)])
+    q2.prepend_n([pool.blocks[4], pool.blocks[3]])
+    assert q2.block_ids() == [4, 3, 1, 2]
+
+
+def test_get_new_blocks_raises_when_short() -> None:
+    pool = BlockPool(3, True, 2)
+    with pytest.raises(ValueError):
+        pool.get_new_blocks(3)
+
+
+def test_partial_key_survives_promotion_as_secondary() -> None:
+    # FA bs4, h2, P=7: the partial entry @6 is registered, then the block fills (full @8)
+    # and keeps @6 as a secondary key ([ran 0.33] in vllm_semantics.md §1.3).
+    m = KVCacheManager(geo([(FA, 4), (MA, 4)], 2))
+    r = Request("a", [0, 0, 1, 1, 2, 2, 9], 2)
+    assert m.allocate_slots(r, 7) is not None
+    r.num_computed_tokens = 7
+    fa_block = m.get_blocks("a")[0][1]
+    assert fa_block.block_hash_num_tokens == 6
+    r.append_output_token_ids([4])
+    assert m.allocate_slots(r, 1) is not None
+    assert fa_block.block_hash_num_tokens == 8
+    assert sorted(k[:2] for k in m.block_pool.cached_block_hashes_by_block[fa_block.block_id]) \
+        == [(0, 6)]
+
+
+def test_reset_needs_every_block_free() -> None:
+    m = KVCacheManager(geo([(FA, 2)], 2))
+    r = Request("a", [1, 2, 3, 4], 2)
+    m.allocate_slots(r, 4)
+    assert m.reset_prefix_cache() is False
+    m.free(r)
+    assert m.block_pool.keys()
+    assert m.reset_prefix_cache() is True
+    assert m.block_pool.keys() == []
+
+
+# --- hashing --------------------------------------------------------------------------
+
+def test_hash_chain_identifies_prefixes() -> None:
+    a: list[bytes] = []
+    b: list[bytes] = []
+    extend_block_hashes(a, [1, 2, 3, 4, 5], 2)
+    extend_block_hashes(b, [1, 2, 3, 9], 2)
+    assert len(a) == 2 and len(b) == 2  # only full h-units
+    assert a[0] == b[0] and a[1] != b[1]
+    assert a[1] == hash_block_tokens(hash_block_tokens(None, [1, 2]), [3, 4])
+
+
+def test_request_hashes_grow_with_output() -> None:
+    r = Request("a", [1, 2, 3], 2)
+    assert len(r.block_hashes) == 1
+    r.append_output_token_ids(4)
+    assert len(r.block_hashes) == 2
+
+
+# --- geometry -------------------------------------------------------------------------
+
+def test_geometry_derivations() -> None:
+    g = geo([(FA, 2), (MA, 4)], 2)
+    assert (g.scheduler_block_size, g.partial_hits, g.alignment) == (4, True, 2)
+    g = geo([(FA, 4), (MA, 4)], 4)
+    assert (g.partial_hits, g.alignment) == (False, 4)  # Mamba block == h: no partial hits
+    g = geo([(FA, 4)], 4)
+    assert g.coordinator_kind == "unitary"
+    with pytest.raises(ValueError):
+        geo([(FA, 4)], 2)  # unitary needs h == block size
+    g = Geometry(groups=(GroupSpec(FA, 4, eagle=True), GroupSpec(MA, 8)), hash_block_size=4,
+                 num_blocks=8, use_eagle=True)
+    assert g.drop_eagle_group_ids == {0} and g.manager_use_eagle == (True, False)
+    g = Geometry(groups=(GroupSpec(FA, 4), GroupSpec(MA, 8)), hash_block_size=4,
+                 num_blocks=8, use_eagle=True)
+    assert g.drop_eagle_group_ids == {0, 1}  # none flagged: all groups
+
+
+# --- scheduler split (vllm_semantics.md §6.1 T1-T4) -------------------------------------
+
+def _chunks(g: Geometry, prompt_len: int, start: int = 0, budget: int | None = None) -> list[int]:
+    r = Request("r", [0] * prompt_len, g.hash_block_size)
+    r.num_computed_tokens = start
+    out = []
+    while r.num_computed_tokens < prompt_len:
+        want = min(prompt_len - r.num_computed_tokens, budget or g.max_num_scheduled_tokens)
+        if g.long_prefill_token_threshold:
+            want = min(want, g.long_prefill_token_threshold)
+        n = mamba_block_aligned_split(g, r, want)
+        assert n > 0
+        out.append(n)
+        r.num_computed_tokens += n
+    return out
+
+
+def test_split_t1_partial_tail_schedule() -> None:
+    g = geo([(FA, 512), (MA, 512)], 32)
+    assert _chunks(g, 10000) == [8192, 1536, 256, 16]
+    g_off = geo([(FA, 512), (MA, 512)], 512)
+    assert _chunks(g_off, 10000, start=9728) == [272]
+
+
+def test_split_t2_block_exceeds_budget() -> None:
+    g = geo([(FA, 11392), (MA, 11392)], 11392)
+    assert _chunks(g, 30000) == [8192, 3200, 8192, 3200, 7216]
+
+
+def test_split_t3_long_prefill_threshold() -> None:
+    g = geo([(FA, 512), (MA, 512)], 512, long_prefill_token_threshold=384)
+    assert _chunks(g, 1300) == [384, 128, 384, 128, 276]
+
+
+def test_split_t4_stops_below_eagle_proof_boundary() -> None:
+    g = geo([(FA, 1536), (MA, 1536)], 128, use_eagle=True)
+    for prompt_len in (24576, 24577):
+        r = Request("r", [0] * prompt_len, 128)
+        r.num_computed_tokens = 23040
+        assert 23040 + mamba_block_aligned_split(g, r, prompt_len - 23040) == 24448
+
+
+def test_split_c_series_chunk_ends() -> None:
+    # [ran 0.33] chunk ends (vllm_semantics.md §2.5).
+    cases = [((16, 4), 13, [12, 13]), ((16, 4), 16, [12, 16]), ((16, 4), 45, [32, 44, 45]),
+             ((16, 4), 12, [8, 12]), ((4, 2), 7, [4, 6, 7]), ((4, 2), 6, [4, 6])]
+    for (bs, h), p, ends in cases:
+        g = geo([(FA, bs), (MA, bs)], h)
+        got = _chunks(g, p)
+        assert [sum(got[: i + 1]) for i in range(len(got))] == ends, (bs, h, p)
+
+
+def test_no_split_without_mamba() -> None:
+    g = geo([(FA, 4), (FA, 8)], 4)
+    assert plan_chunk(g, Request("r", [0] * 30, 4), 30) == 30
+
+
+# --- truncate -------------------------------------------------------------------------
+
+def test_truncate_is_pure_and_checks_alignment() -> None:
+    m = KVCacheManager(geo([(FA, 2), (MA, 4)], 2))
+    null = m.block_pool.null_block
+    b1, b2, b3 = m.block_pool.blocks[1:4]
+    blocks = [[b1, b2, b3], [null, b3]]
+    assert m.truncate_computed_blocks(blocks, 4) == [[b1, b2], [null]]
+    assert m.truncate_computed_blocks([[b1, b2, b3], []], 4) == [[b1, b2], []]
+    assert blocks == [[b1, b2, b3], [null, b3]]
+    with pytest.raises(AssertionError):
+        m.truncate_computed_blocks(blocks, 6)  # not a Mamba block multiple
+    with pytest.raises(AssertionError):
+        m.truncate_computed_blocks([[b1], [null, b3]], 4)  # FA too short
