@@ -188,6 +188,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["prove"]:  # the prover parses its own options (--json, --quick, ...)
+        rest = argv[1:]
+        return cmd_prove(argparse.Namespace(rest=rest[1:] if rest[:1] == ["--"] else rest))
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
