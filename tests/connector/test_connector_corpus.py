@@ -36,7 +36,8 @@ def test_connector_corpus_replays_without_divergence(capsys: pytest.CaptureFixtu
     assert rc == 0
     # the core-only adapter skips connector ops (and is not observed after the first one)
     assert set(out["skipped_ops"]) == {"vllm"}
-    assert all(set(ops) & set(CONNECTOR_OP_SPECS) for ops in out["skipped_ops"]["vllm"].values())
+    assert all(set(s["unsupported_ops"]) <= set(CONNECTOR_OP_SPECS) and s["unsupported_ops"]
+               and s["unobserved_ops"] > 0 for s in out["skipped_ops"]["vllm"].values())
 
 
 def test_connector_corpus_strict_ids_reference_vs_vllm(capsys: pytest.CaptureFixture[str]) -> None:
