@@ -40,44 +40,71 @@ class Settings:
 
     kv_role: str = "kv_both"
     store: str = "memory"
-    store_config: dict[str, Any] = field(default_factory=dict)
+    store_config: dict[str, Any] = field(default_factory=dict)  # make_store() input
     namespace: str = "tailproof"
     put_batch_size: int = 64
     staging_buffer_bytes: int = 64 << 20
     enable_lookup: bool = True
+    load_async: bool = True  # loads between steps; failures reported per request
+    save_decode_cache: bool = False  # also save KV computed during decode (Mooncake's option)
 
     @property
     def saves(self) -> bool:
-        """Whether this instance writes KV to the store (producer side)."""
+        """Whether this instance saves prefills and claims boundary hand-offs (a producer)."""
         return self.kv_role in ("kv_producer", "kv_both")
 
     @property
+    def is_consumer(self) -> bool:
+        return self.kv_role == "kv_consumer"
+
+    @property
+    def can_put(self) -> bool:
+        """Whether workers write to the store at all (producers, or consumers saving decode)."""
+        return self.saves or self.save_decode_cache
+
+    @property
     def loads(self) -> bool:
-        """Whether this instance reads KV from the store (consumer side)."""
-        return self.kv_role in ("kv_consumer", "kv_both") and self.enable_lookup
+        """Whether lookups run (any role: a producer may load a prefix it finds stored)."""
+        return self.enable_lookup
 
 
 _SETTING_TYPES: dict[str, type | tuple[type, ...]] = {
     "store": str,
-    "store_config": dict,
     "namespace": str,
     "put_batch_size": int,
     "staging_buffer_bytes": int,
     "enable_lookup": bool,
+    "load_async": bool,
+    "save_decode_cache": bool,
 }
 
 
+def _store_fields() -> set[str]:
+    from dataclasses import fields
+
+    from tailproof.impl.stores import StoreConfig
+
+    return {f.name for f in fields(StoreConfig)} - {"backend"}
+
+
 def parse_settings(extra: dict[str, Any] | None, kv_role: str | None) -> Settings:
-    """Validate ``kv_connector_extra_config``; raise :class:`ConfigError` listing every problem."""
+    """Validate ``kv_connector_extra_config``; raise :class:`ConfigError` listing every problem.
+
+    Keys are the connector's own (``store``, ``namespace``, ``put_batch_size``,
+    ``staging_buffer_bytes``, ``enable_lookup``, ``load_async``, ``save_decode_cache``) plus
+    the chosen store's settings (``tailproof.impl.stores.StoreConfig`` fields, e.g.
+    ``master_address``), given flat.
+    """
     extra = dict(extra or {})
     problems: list[str] = []
     role = kv_role or "kv_both"
     if role not in ROLES:
         problems.append(f"kv_role {role!r} is not one of {', '.join(ROLES)}")
-    for key in sorted(set(extra) - set(_SETTING_TYPES)):
+    store_keys = _store_fields()
+    for key in sorted(set(extra) - set(_SETTING_TYPES) - store_keys):
         problems.append(
-            f"unknown key {key!r} in kv_connector_extra_config "
-            f"(known: {', '.join(sorted(_SETTING_TYPES))})"
+            f"unknown key {key!r} in kv_connector_extra_config (known: "
+            f"{', '.join(sorted(set(_SETTING_TYPES) | store_keys))})"
         )
     for key, typ in _SETTING_TYPES.items():
         if key not in extra:
@@ -96,24 +123,24 @@ def parse_settings(extra: dict[str, Any] | None, kv_role: str | None) -> Setting
     ns = extra.get("namespace")
     if isinstance(ns, str) and (not ns or "@" in ns):
         problems.append(f"namespace must be non-empty and contain no '@', got {ns!r}")
-    if not problems and isinstance(store, str):
-        problems += check_store_config(store, extra.get("store_config", {}))
+    store_config = {"backend": store, **{k: v for k, v in extra.items() if k in store_keys}}
+    if isinstance(store, str) and store in STORE_KINDS:
+        problems += check_store_config(store_config)
     if problems:
         raise ConfigError(problems)
     kwargs = {k: extra[k] for k in _SETTING_TYPES if k in extra}
-    return Settings(kv_role=role, **kwargs)
+    return Settings(kv_role=role, store_config=store_config, **kwargs)
 
 
-def check_store_config(store: str, store_config: dict[str, Any]) -> list[str]:
-    """Problems with the store settings, asked of the store package (empty when valid)."""
+def check_store_config(store_config: dict[str, Any]) -> list[str]:
+    """Problems with the store settings, as the store package words them (empty when valid)."""
+    from tailproof.impl.stores import StoreConfig, StoreConfigError
+
     try:
-        from tailproof.impl.stores import validate_store_config  # type: ignore[attr-defined]
-    except ImportError:
-        return []
-    try:
-        return list(validate_store_config(store, store_config) or [])
-    except Exception as exc:  # a store's validator must not crash start-up
-        return [f"store_config: {exc}"]
+        StoreConfig.from_dict(store_config)
+    except StoreConfigError as exc:
+        return [f"store setting {e}" for e in exc.errors]
+    return []
 
 
 @dataclass(frozen=True)
@@ -210,6 +237,9 @@ def geometry_from_vllm(vllm_config: Any, kv_cache_config: Any) -> Geometry:
                 f"{spec.mamba_cache_mode!r}; the connector needs 'align' "
                 "(--mamba-cache-mode align) to store exact boundary states"
             )
+    pcp = vllm_config.parallel_config.prefill_context_parallel_size
+    if pcp > 1:
+        problems.append(f"prefill context parallelism (PCP={pcp}) is not supported")
     try:
         lcm, h = resolve_kv_cache_block_sizes(kv_cache_config, vllm_config)
     except ValueError as exc:

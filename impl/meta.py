@@ -38,22 +38,28 @@ class LoadJob:
     local_tokens: int
     hit_tokens: int
     tail_keys: tuple[int, ...]
+    is_async: bool = True  # False: a sync load feeding this step's forward
 
 
-@dataclass
+@dataclass(slots=True)
 class StoreJob:
     """One store job: an optional normal save up to ``token_len`` plus boundary puts.
 
     The scheduler holds one GPU block reference on every block the job may read (``pins``) until
-    every worker reported the job done, so the job can never read a reused block.
+    every worker reported the job done, so the job can never read a reused block. ``job_id`` is
+    None while the scheduler is still building the job (before it is pinned).
     """
 
-    job_id: int
+    job_id: int | None
     req_id: str
     token_len: int  # normal-save end, floored to the lcm (0: boundary puts only)
     block_ids: tuple[list[int], ...]
     block_hashes: list[bytes]
     boundary_puts: list[BoundaryPut] = field(default_factory=list)
+    start: int = 0  # tokens saved before this job (observation only)
+    publish: bool = False  # the save that first covers the prompt (publishes its tail)
+    completed: int = 0  # tokens computed when the job was built (bounds the EAGLE proof)
+    num_prompt_tokens: int = 0  # fixes the checkpoint ck(P) whose tail is published
 
 
 @dataclass

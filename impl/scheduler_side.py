@@ -22,14 +22,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from tailproof.impl.config import Geometry, Settings
 from tailproof.impl.lookup import StoreLookup
 from tailproof.impl.meta import BoundaryPut, LoadJob, StoreJob, TailproofMeta, TailproofWorkerMeta
 from tailproof.impl.metrics import SchedulerMetrics
-from tailproof.spec.arithmetic import cdiv, checkpoint_position, tail_put_range
+from tailproof.spec.arithmetic import checkpoint_position, tail_put_range
 
 logger = logging.getLogger(__name__)
 
@@ -57,21 +57,6 @@ class Tracker:
     tail_sent: bool = False
 
 
-@dataclass
-class _Save:
-    """A store job under construction (becomes a ``StoreJob`` once pinned)."""
-
-    req_id: str
-    token_len: int
-    completed: int
-    num_prompt_tokens: int
-    block_ids: tuple[list[int], ...]
-    block_hashes: list[bytes]
-    publish_tail: bool = False
-    boundary_puts: list[BoundaryPut] = field(default_factory=list)
-    job_id: int | None = None
-
-
 class SchedulerSide:
     """The connector's scheduler role (one per engine)."""
 
@@ -90,7 +75,12 @@ class SchedulerSide:
         self.load_specs: dict[str, LoadSpec] = {}
         self.trackers: dict[str, Tracker] = {}
         self.unfinished: dict[str, tuple[Any, tuple[list[int], ...]]] = {}
-        self.finished_tails: dict[str, _Save] = {}
+        self.finished_tails: dict[str, StoreJob] = {}
+        # Requests whose load failed: recomputed, never offered the store again (else a store
+        # that answers `exists` but fails `get` would make vLLM retry the load forever).
+        self.load_failed: set[str] = set()
+        self._ck: dict[int, int] = {}  # prompt length -> checkpoint position ck(P)
+        self._tail_ranges: dict[tuple[int, int], tuple[int, int]] = {}  # (ck, group) -> range
 
     # ------------------------------------------------------------------ lookup / alloc
 
@@ -98,18 +88,24 @@ class SchedulerSide:
         self.pool = pool
 
     def get_num_new_matched_tokens(self, request: Any, num_computed: int) -> tuple[int, bool]:
-        """External tokens beyond the (block-aligned) local hit; loads are always async."""
+        """External tokens beyond the (block-aligned) local hit, and whether the load is async."""
         if not self.settings.loads or self.lookup_client is None:
             return 0, False
-        if request.num_tokens < self.geom.alignment:
+        if request.num_tokens < self.geom.alignment or request.request_id in self.load_failed:
             return 0, False
-        res = self.lookup_client.lookup(request.num_tokens, request.block_hashes)
+        try:
+            res = self.lookup_client.lookup(request.num_tokens, request.block_hashes)
+        except Exception:  # a store problem must never take the scheduler down: no hit
+            logger.exception("store lookup of %s failed; treating it as a miss",
+                             request.request_id)
+            self.metrics.lookup_errors += 1
+            return 0, False
         self.metrics.record_lookup(request.num_tokens, res.hit_tokens, self.geom.lcm_block_size)
         need = res.hit_tokens - num_computed
         if need <= 0:
             return 0, False
         self.load_specs[request.request_id] = LoadSpec(num_computed, res.hit_tokens, res.tail_keys)
-        return need, True
+        return need, self.settings.load_async
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external: int) -> None:
         rid = request.request_id
@@ -134,8 +130,9 @@ class SchedulerSide:
 
     def build_meta(self, so: Any) -> TailproofMeta:
         """Turn one ``SchedulerOutput`` into the workers' loads and pinned store jobs."""
-        saves = self.settings.saves
+        consumer = self.settings.is_consumer
         for rid in so.finished_req_ids:
+            self.load_failed.discard(rid)
             self.load_specs.pop(rid, None)
             self.trackers.pop(rid, None)
             self.unfinished.pop(rid, None)
@@ -146,25 +143,31 @@ class SchedulerSide:
                 self.trackers[rid] = Tracker(0, (), 0)  # Mooncake's tracker.reset()
             self.unfinished.pop(rid, None)
         meta = TailproofMeta(preempted=preempted, finished=set(so.finished_req_ids))
-        pending: list[_Save] = []
+        pending: list[StoreJob] = []
         scheduled_new = {r.req_id for r in so.scheduled_new_reqs}
         for nr in so.scheduled_new_reqs:
-            self._new_request(nr, so, pending, saves)
+            self._new_request(nr, so, pending, not consumer, meta)
         cached = so.scheduled_cached_reqs
-        if saves:
+        if not consumer or self.settings.save_decode_cache:
+            skip_decode = not self.settings.save_decode_cache
+            trackers, resumed, computed = (self.trackers, cached.resumed_req_ids,
+                                           cached.num_computed_tokens)
             for i, rid in enumerate(cached.req_ids):
-                self._cached_request(cached, i, rid, so, pending)
+                if skip_decode and rid not in resumed and computed[i] >= trackers[rid].prefill_end:
+                    continue  # decode step: nothing to save (the common case, kept cheap)
+                self._cached_request(cached, i, rid, so, pending, meta)
+        scheduled = scheduled_new.union(cached.req_ids)
         for rid, (req, ids) in self.unfinished.items():
-            if rid in scheduled_new or rid in cached.req_ids:
+            if rid in scheduled or rid not in self.load_specs:
                 continue
-            spec = self.load_specs.pop(rid, None)
+            spec = self.load_specs.pop(rid)
             if spec is None or not spec.can_load:
                 continue
             meta.loads.append(LoadJob(rid, ids, list(req.block_hashes), spec.local, spec.hit,
                                       spec.tail_keys))
             self.metrics.loads_emitted += 1
         state = getattr(so, "kv_connector_block_state", None)
-        if saves and state is not None and state.boundary_state_offloads:
+        if not consumer and state is not None and state.boundary_state_offloads:
             self._attach_offloads(state.boundary_state_offloads, pending)
         if pending:
             if state is None:
@@ -180,7 +183,8 @@ class SchedulerSide:
             meta.stores.append(self._pin(s))
         return meta
 
-    def _new_request(self, nr: Any, so: Any, pending: list[_Save], saves: bool) -> None:
+    def _new_request(self, nr: Any, so: Any, pending: list[StoreJob], saves: bool,
+                     meta: TailproofMeta) -> None:
         rid = nr.req_id
         spec = self.load_specs.pop(rid, None)
         req = self.unfinished[rid][0]
@@ -192,53 +196,74 @@ class SchedulerSide:
         )
         self.trackers[rid] = t
         loading = spec is not None and spec.can_load
+        if loading:
+            self._sync_load(meta, rid, req, t.block_ids, spec)
         self._maybe_save(t, req, pending, skip=not saves or loading)
 
-    def _cached_request(self, cached: Any, i: int, rid: str, so: Any, pending: list[_Save]) -> None:
+    def _sync_load(self, meta: TailproofMeta, rid: str, req: Any,
+                   ids: tuple[list[int], ...], spec: LoadSpec | None) -> None:
+        """A load feeding this step's forward (``load_async`` off)."""
+        assert spec is not None
+        meta.loads.append(LoadJob(rid, tuple(list(g) for g in ids), list(req.block_hashes),
+                                  spec.local, spec.hit, spec.tail_keys, is_async=False))
+        self.metrics.loads_emitted += 1
+
+    def _cached_request(self, cached: Any, i: int, rid: str, so: Any, pending: list[StoreJob],
+                        meta: TailproofMeta) -> None:
+        resumed = rid in cached.resumed_req_ids
+        if not resumed:
+            t = self.trackers[rid]
+            decode = cached.num_computed_tokens[i] >= t.prefill_end
+            if decode and not self.settings.save_decode_cache:
+                return  # decode: KV past the prefill is not saved (the common, cheap path)
         new_ids = cached.new_block_ids[i]
         if new_ids:
             new_ids = tuple(list(new_ids[g]) for g in self.geom.core_group_ids)
-        req = self.unfinished[rid][0] if rid in self.unfinished else None
-        if rid in cached.resumed_req_ids:
+        ent = self.unfinished.get(rid)
+        req = ent[0] if ent is not None else None
+        if resumed:
             if not new_ids or req is None:
                 return
-            self.load_specs.pop(rid, None)
+            spec = self.load_specs.pop(rid, None)
             t = Tracker(
                 token_len=req.num_computed_tokens + so.num_scheduled_tokens[rid],
                 block_ids=new_ids,
                 prefill_end=len(req.all_token_ids),
             )
             self.trackers[rid] = t
-            self._maybe_save(t, req, pending, skip=False)
+            loading = spec is not None and spec.can_load
+            if loading:
+                self._sync_load(meta, rid, req, new_ids, spec)
+            self._maybe_save(t, req, pending, skip=loading or self.settings.is_consumer)
             return
-        t = self.trackers[rid]
-        if cached.num_computed_tokens[i] >= t.prefill_end:
-            return  # decode: KV past the prefill is never saved
         if req is None:
             raise ValueError(f"request {rid} is not tracked by the connector")
-        n = so.num_scheduled_tokens[rid]
-        t.token_len += len(req.all_token_ids[t.token_len : t.token_len + n])
+        # Real tokens only: scheduled speculative drafts are not part of the sequence yet.
+        avail = len(req.all_token_ids) - t.token_len
+        t.token_len += max(0, min(so.num_scheduled_tokens[rid], avail))
         if new_ids:
             for mirror, extra in zip(t.block_ids, new_ids, strict=True):
                 mirror.extend(extra)
+        if self.settings.is_consumer and not decode:
+            return  # a consumer saves decode KV only
         self._maybe_save(t, req, pending, skip=False)
 
-    def _maybe_save(self, t: Tracker, req: Any, pending: list[_Save], skip: bool) -> None:
+    def _maybe_save(self, t: Tracker, req: Any, pending: list[StoreJob], skip: bool) -> None:
         """Mooncake's ``ReqMeta.from_request_tracker`` save decision."""
         lcm = self.geom.lcm_block_size
         to_save = t.token_len // lcm * lcm
-        boundary = cdiv(t.num_saved + 1, lcm) * lcm
+        boundary = -(-(t.num_saved + 1) // lcm) * lcm  # cdiv on ints (hot path)
         prompt = req.num_prompt_tokens
         publish = self.geom.partial_hits and not t.tail_sent and 0 < prompt <= t.token_len
         if skip or (to_save < boundary and not publish):
             return
-        t.num_saved = to_save
+        start, t.num_saved = t.num_saved, to_save
         t.tail_sent |= publish
-        pending.append(_Save(req.request_id, to_save, t.token_len, prompt, t.block_ids,
-                             list(req.block_hashes), publish_tail=publish))
+        pending.append(StoreJob(None, req.request_id, to_save, t.block_ids, req.block_hashes,
+                                [], start, publish, t.token_len, prompt))
 
     def _attach_offloads(
-        self, offloads: dict[str, list[tuple[int, int, int]]], pending: list[_Save]
+        self, offloads: dict[str, list[tuple[int, int, int]]], pending: list[StoreJob]
     ) -> None:
         """Claim the core's exact Mamba boundary states for this step's store jobs."""
         by_req = {s.req_id: s for s in pending}
@@ -255,12 +280,14 @@ class SchedulerSide:
                 s.boundary_puts = accepted
                 continue
             req = ent[0]
-            s = _Save(rid, 0, t.token_len, req.num_prompt_tokens, t.block_ids,
-                      list(req.block_hashes), boundary_puts=accepted)
+            s = StoreJob(None, rid, 0, t.block_ids, req.block_hashes, accepted,
+                         completed=t.token_len, num_prompt_tokens=req.num_prompt_tokens)
             pending.append(s)
             by_req[rid] = s
 
-    def _accept(self, entries: Iterable[tuple[int, int, int]], prefill_end: int) -> list[BoundaryPut]:
+    def _accept(
+        self, entries: Iterable[tuple[int, int, int]], prefill_end: int
+    ) -> list[BoundaryPut]:
         out: list[BoundaryPut] = []
         for core_group, block_id, boundary in entries:
             g = self.geom.store_index(core_group)
@@ -273,19 +300,24 @@ class SchedulerSide:
             out.append(BoundaryPut(g, block_id, boundary))
         return out
 
-    def tail_puts(self, s: _Save) -> list[BoundaryPut]:
+    def tail_puts(self, s: StoreJob) -> list[BoundaryPut]:
         """Attention blocks of the prompt's partial tail (Mooncake's
         ``_partial_tail_non_mamba_puts``): ``[floor(ck, lcm), ck + margin)`` per group."""
+        if not s.publish and not s.boundary_puts:
+            return []  # a plain normal save (the common case)
         geom = self.geom
         h = geom.hash_block_size
         mamba_tails = [
             p.num_tokens for p in s.boundary_puts
             if geom.is_mamba[p.group] and p.num_tokens % geom.block_sizes[p.group]
         ]
-        if not mamba_tails and not s.publish_tail:
+        if not mamba_tails and not s.publish:
             return []
-        boundary = int(checkpoint_position(s.num_prompt_tokens, h, geom.use_eagle))
-        if not s.publish_tail and boundary not in mamba_tails:
+        boundary = self._ck.get(s.num_prompt_tokens)
+        if boundary is None:
+            boundary = int(checkpoint_position(s.num_prompt_tokens, h, geom.use_eagle))
+            self._ck[s.num_prompt_tokens] = boundary
+        if not s.publish and boundary not in mamba_tails:
             return []
         if boundary == 0 or boundary // h > len(s.block_hashes):
             return []
@@ -296,7 +328,12 @@ class SchedulerSide:
             proof_end = boundary + geom.proof_margin(g)
             if proof_end > s.completed or proof_end // h > len(s.block_hashes):
                 continue
-            first, end = tail_put_range(boundary, geom.lcm_block_size, bs, geom.proof_margin(g))
+            key = (boundary, g)
+            rng = self._tail_ranges.get(key)
+            if rng is None:
+                rng = self._tail_ranges[key] = tail_put_range(
+                    boundary, geom.lcm_block_size, bs, geom.proof_margin(g))
+            first, end = rng
             table = s.block_ids[g]
             for idx in range(first, end):
                 if idx >= len(table):
@@ -306,33 +343,36 @@ class SchedulerSide:
                 puts.append(BoundaryPut(g, table[idx], min((idx + 1) * bs, proof_end)))
         return puts
 
-    def _pin(self, s: _Save) -> StoreJob:
+    def _pin(self, s: StoreJob) -> StoreJob:
         """Assign a job id and take one GPU reference per distinct block the job may read."""
         if s.job_id is None:
             if tail := self.tail_puts(s):
                 s.boundary_puts = [*tail, *s.boundary_puts]
-            ids = [p.block_id for p in s.boundary_puts]
+            ids = dict.fromkeys(p.block_id for p in s.boundary_puts)
+            if NULL_BLOCK_ID in ids:
+                raise AssertionError("a null block can never back a boundary put")
             if s.token_len:
                 # A rank resumes from its own saved offset: pin every stored non-Mamba block.
-                ids.extend(
-                    b for g, table in enumerate(s.block_ids) if not self.geom.is_mamba[g]
-                    for b in table if b != NULL_BLOCK_ID
-                )
-            s.job_id = self._take_pins(ids)
-        return StoreJob(s.job_id, s.req_id, s.token_len, s.block_ids, s.block_hashes,
-                        list(s.boundary_puts))
+                mamba = self.geom.is_mamba
+                for g, table in enumerate(s.block_ids):
+                    if not mamba[g]:
+                        ids.update(dict.fromkeys(table))
+                ids.pop(NULL_BLOCK_ID, None)  # null table entries are never read
+            s.job_id = self._take_pins(list(ids))
+        return s
 
     def _take_pins(self, ids: list[int]) -> int:
+        """A new job id pinning ``ids`` (distinct, non-null) until every worker reported."""
         if NULL_BLOCK_ID in ids:
             raise AssertionError("a null block can never back a store job")
         job = self.next_job_id
         self.next_job_id += 1
-        ids = list(dict.fromkeys(ids))
         if ids:
             if self.pool is None:
                 raise AssertionError("GPU block pool must be bound before a store job")
             self.pinned[job] = (ids, self.num_workers)
-            self.pool.touch([self.pool.blocks[b] for b in ids])
+            blocks = self.pool.blocks
+            self.pool.touch([blocks[b] for b in ids])
             self.metrics.pinned_blocks += len(ids)
         self.metrics.jobs_emitted += 1
         return job
@@ -345,7 +385,7 @@ class SchedulerSide:
     ) -> bool:
         """Pin a finishing request's tail source now (while it still owns the blocks) and
         emit its store job with the next metadata. Never delays the request's free."""
-        if not self.settings.saves or not offloads:
+        if self.settings.is_consumer or not offloads:
             return False
         rid = request.request_id
         t = self.trackers.get(rid)
@@ -363,18 +403,20 @@ class SchedulerSide:
             if g is None or not self.geom.is_mamba[g] or block_id == NULL_BLOCK_ID:
                 return False
             mamba.append(BoundaryPut(g, block_id, b))
-        s = _Save(rid, 0, request.num_computed_tokens, request.num_prompt_tokens,
-                  tuple(list(block_ids[g]) for g in self.geom.core_group_ids),
-                  list(request.block_hashes), boundary_puts=mamba)
+        s = StoreJob(None, rid, 0, tuple(list(block_ids[g]) for g in self.geom.core_group_ids),
+                     list(request.block_hashes), mamba, completed=request.num_computed_tokens,
+                     num_prompt_tokens=request.num_prompt_tokens)
         s.boundary_puts = [*self.tail_puts(s), *mamba]
         if rid in self.finished_tails:
             raise AssertionError(f"{rid}: second finish-time hand-off")
-        s.job_id = self._take_pins([p.block_id for p in s.boundary_puts])
+        s.job_id = self._take_pins(list(dict.fromkeys(p.block_id for p in s.boundary_puts)))
         self.finished_tails[rid] = s
         return False
 
-    def update_connector_output(self, worker_meta: Any) -> None:
-        """Release the pins of every store job all workers have finished (exactly once)."""
+    def update_connector_output(self, worker_meta: Any, failed_recving: Iterable[str] = ()) -> None:
+        """Release the pins of every store job all workers have finished (exactly once), and
+        remember failed loads (those requests are recomputed without the store)."""
+        self.load_failed.update(failed_recving)
         if not isinstance(worker_meta, TailproofWorkerMeta):
             return
         for job, count in worker_meta.completed_jobs.items():

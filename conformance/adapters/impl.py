@@ -1,0 +1,450 @@
+"""Connector adapter over the production connector (``tailproof.impl``), with real KV bytes.
+
+- core: vLLM 0.33's real ``KVCacheManager`` (``VllmCoreBackend``); the connector's scheduler
+  role (``SchedulerSide``) pins blocks of its real ``BlockPool``;
+- workers: one ``WorkerSide`` per rank over real torch KV tensors (``SimRunner`` layouts; on
+  CUDA when available, else CPU; ``TAILPROOF_IMPL_DEVICE`` or the ``device`` option overrides), its
+  store jobs queued by ``conn_step`` and run by ``worker_run`` exactly as in production
+  (``wait_for_save`` = enqueue + run);
+- store: a real store (``make_store``: ``memory`` by default, ``mooncake`` with
+  ``TAILPROOF_STORE=mooncake`` and ``TAILPROOF_STORE_CONFIG='{"master_address": ...}'``, or the
+  ``store`` / ``store_config`` class options) behind :class:`ScriptedStore`, which applies the
+  trace's scripted put outcomes and keeps the observation tags.
+
+Data integrity: every committed chunk is "computed" by writing bytes derived from (rank, layer,
+group, token prefix) into the request's blocks, and every CoW copy is applied to the tensors.
+Each put is then checked byte for byte against what its key's prefix must hold, and each load
+(run right after the step that scheduled it) against what the loading request's prefix must
+be; reading a CoW source instead of its target, a stale block or a wrong offset raises
+:class:`KVByteMismatch`, which the driver records as ``{"error": "KVByteMismatch"}`` -- a
+divergence from the reference, which never errs there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections import deque
+from collections.abc import Sequence
+from types import SimpleNamespace
+from typing import Any, ClassVar
+
+import torch
+
+from tailproof.conformance.connector_ops import ConnectorAdapter, batch_obs, job_obs
+from tailproof.impl.config import Geometry, Settings
+from tailproof.impl.connector import build_coordinator
+from tailproof.impl.kv_layout import KVLayout
+from tailproof.impl.lookup import StoreLookup
+from tailproof.impl.meta import TailproofMeta, TailproofWorkerMeta, store_key
+from tailproof.impl.runner_sim import GroupShape, SimRunner
+from tailproof.impl.scheduler_side import SchedulerSide
+from tailproof.impl.stores import Outcome, Store, make_store
+from tailproof.impl.worker_side import WorkerSide
+from tailproof.reference.connector.store import check_script, codes_for
+
+_ROLE = {"producer": "kv_producer", "consumer": "kv_consumer", "both": "kv_both"}
+NAMESPACE = "conf"
+
+
+class KVByteMismatch(AssertionError):
+    """A put or load moved bytes that are not the KV of the key's / request's prefix."""
+
+
+Tag = tuple[int, int, int, str]  # (rank, group, boundary, writer rid)
+
+
+class ScriptedStore(Store):
+    """A real store behind the trace's put script and the observation bookkeeping.
+
+    Each ``put_batch`` consumes one script entry (``reference.connector.store`` semantics):
+    keys scripted to fail answer STORE_FULL (-200) or ERROR without reaching the real store; the
+    others are put for real. ``tags`` holds every key the trace put or seeded and not removed
+    (a removed key answers absent / MISS even where the real store keeps its bytes).
+    """
+
+    name = "scripted"
+
+    def __init__(self, inner: Store, verify: Any) -> None:
+        self.inner = inner
+        self.verify = verify  # (key, tag, buffer) -> None, raises nothing, records problems
+        self.tags: dict[str, Tag] = {}
+        self.script: deque[Any] = deque()
+        self.log: list[tuple[list[Tag], Any]] = []
+        self.context: tuple[str, dict[str, int]] = ("", {})  # writer rid, hash hex -> boundary
+
+    def set_script(self, script: list[Any]) -> None:
+        self.script = deque(check_script(script))
+
+    def tag(self, key: str) -> Tag:
+        rid, boundary_of = self.context
+        _, rank, group, hexhash = key.split("@")
+        return int(rank[1:].split("of")[0]), int(group[1:]), boundary_of[hexhash], rid
+
+    def exists(self, keys: Sequence[str]) -> list[bool]:
+        real = self.inner.exists(list(keys))
+        return [k in self.tags and r for k, r in zip(keys, real, strict=True)]
+
+    def put_batch(self, keys: Sequence[str], buffers: Sequence[Any]) -> list[Outcome]:
+        entry = self.script.popleft() if self.script else "ok"
+        tags = [self.tag(k) for k in keys]
+        self.log.append((tags, entry))
+        codes = codes_for(entry, len(keys))
+        if codes is None:  # a raising store call: every key fails
+            return [Outcome.error(message="scripted raise")] * len(keys)
+        outs: list[Outcome] = [Outcome.error()] * len(keys)
+        go = [i for i, c in enumerate(codes) if c >= 0]
+        for i, c in enumerate(codes):
+            if c < 0:
+                outs[i] = Outcome.full(c) if c == -200 else Outcome.error(c)
+        if go:
+            real = self.inner.put_batch([keys[i] for i in go], [buffers[i] for i in go])
+            for i, o in zip(go, real, strict=True):
+                outs[i] = o
+                if o.saved:
+                    self.verify(keys[i], tags[i], buffers[i])
+                    self.tags[keys[i]] = tags[i]
+        return outs
+
+    def get_batch(self, keys: Sequence[str], buffers: Sequence[Any]) -> list[Outcome]:
+        outs = self.inner.get_batch(list(keys), list(buffers))
+        return [o if k in self.tags else Outcome.miss() for k, o in zip(keys, outs, strict=True)]
+
+    def remove_all(self) -> int:
+        self.tags.clear()
+        return self.inner.remove_all()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+_SHARED_MOONCAKE: dict[str, Store] = {}
+
+
+def _inner_store(kind: str, extra: dict[str, Any]) -> Store:
+    """A fresh memory store per trace; one Mooncake client per process (traces are kept
+    apart by a per-trace key namespace)."""
+    cfg = {"backend": kind, **extra}
+    if kind != "mooncake":
+        return make_store(cfg)
+    key = json.dumps(cfg, sort_keys=True)
+    if key not in _SHARED_MOONCAKE:
+        _SHARED_MOONCAKE[key] = make_store(cfg)
+    return _SHARED_MOONCAKE[key]
+
+
+def close_shared_stores() -> None:
+    """Close the per-process Mooncake clients (before their master goes away)."""
+    while _SHARED_MOONCAKE:
+        _, store = _SHARED_MOONCAKE.popitem()
+        store.close()
+
+
+class ImplConnector(ConnectorAdapter):
+    """The ``impl`` adapter's connector half (see module docstring)."""
+
+    #: Options the CLI may set before constructing (else env TAILPROOF_STORE[_CONFIG]).
+    options: ClassVar[dict[str, Any]] = {}
+
+    def __init__(self, config: Any, core_backend: Any) -> None:
+        super().__init__(config)
+        self.core = core_backend
+        manager = core_backend.manager
+        kv_config = manager.kv_cache_config
+        n = self.conf["num_workers"]
+        groups = list(config.groups)
+        geom = Geometry(
+            core_group_ids=tuple(range(len(groups))),
+            block_sizes=tuple(g.block_size for g in groups),
+            is_mamba=tuple(bool(g.is_mamba) for g in groups),
+            hash_block_size=config.hash_block_size, lcm_block_size=config.scheduler_block_size,
+            partial_hits=bool(getattr(manager.coordinator, "enable_partial_hash_hits", False)),
+            use_eagle=bool(config.use_eagle), num_blocks=config.num_blocks)
+        self.coord = build_coordinator(geom, kv_config, 1)
+        self.geom = geom = Geometry(**{**geom.__dict__,
+                                       "eagle_groups": frozenset(self.coord.eagle_group_ids)})
+        kind = self.options.get("store") or os.environ.get("TAILPROOF_STORE", "memory")
+        extra = dict(self.options.get("store_config") or
+                     json.loads(os.environ.get("TAILPROOF_STORE_CONFIG", "{}") or "{}"))
+        ns = f"{NAMESPACE}-{uuid.uuid4().hex[:10]}"
+        self.settings = Settings(
+            kv_role=_ROLE[self.conf["role"]], store=kind, namespace=ns,
+            put_batch_size=1 << 20, staging_buffer_bytes=8 << 20,
+            enable_lookup=self.conf["enable_lookup"], load_async=self.conf["load_async"],
+            save_decode_cache=self.conf["save_decode_cache"])
+        self.byte_errors: list[str] = []
+        self.job_tokens: dict[int, list[int]] = {}
+        self.current_job: int | None = None
+        self.store = ScriptedStore(_inner_store(kind, extra), self._verify_put)
+        self.lookup_client = StoreLookup(geom, self.coord, self.store.exists, ns, n)
+        self.sched = SchedulerSide(self.settings, geom, self.lookup_client, n)
+        self.sched.bind_block_pool(core_backend.block_pool)
+        shapes = [GroupShape("mamba" if g.is_mamba else "full_attention", g.block_size)
+                  for g in groups]
+        device = self.options.get("device") or os.environ.get("TAILPROOF_IMPL_DEVICE") or (
+            "cuda" if torch.cuda.is_available() else "cpu")
+        self.runners = [SimRunner(shapes, config.num_blocks, rank=r, device=device)
+                        for r in range(n)]
+        self.workers = []
+        for r, runner in enumerate(self.runners):
+            ws = WorkerSide(self.settings, geom, self.store, r, n, self.coord)
+            ws.register_kv_caches(runner.kv, runner.layer_names)
+            self.workers.append(ws)
+        self._install_kv_hooks()
+
+    # --- KV simulation: forwards on commit, CoW copies when queued ------------------------
+
+    def _install_kv_hooks(self) -> None:
+        core = self.core
+        orig_set, orig_alloc, orig_drain = core.set_counters, core.allocate, core.drain_copies
+        self._applied = [0] * len(self._cow_lists())
+
+        def set_counters(rid: str, *, num_computed_tokens: int | None = None,
+                         num_in_flight_tokens: int | None = None) -> None:
+            before = core.get(rid).num_computed_tokens
+            orig_set(rid, num_computed_tokens=num_computed_tokens,
+                     num_in_flight_tokens=num_in_flight_tokens)
+            if num_computed_tokens is not None and num_computed_tokens > before:
+                self._forward(rid, before, num_computed_tokens)
+
+        def allocate(rid: str, num_new_tokens: int, **kw: Any) -> Any:
+            out = orig_alloc(rid, num_new_tokens, **kw)
+            self._apply_new_copies()
+            return out
+
+        def drain_copies() -> Any:
+            self._apply_new_copies()
+            out = orig_drain()
+            self._applied = [0] * len(self._applied)
+            return out
+
+        core.set_counters, core.allocate, core.drain_copies = set_counters, allocate, drain_copies
+
+    def _cow_lists(self) -> list[list[Any]]:
+        return [m._pending_cow_copies
+                for m in self.core.manager.coordinator.single_type_managers]
+
+    def _apply_new_copies(self) -> None:
+        """Run each CoW copy as soon as it is queued: before this step's forward, as vLLM's
+        worker does (copies precede the forward, and nothing writes in between)."""
+        for i, lst in enumerate(self._cow_lists()):
+            new = lst[self._applied[i]:]
+            self._applied[i] = len(lst)
+            if new:
+                pairs = [(src.block_id, dst.block_id) for src, dst in new]
+                for runner in self.runners:
+                    runner.copy_blocks(pairs)
+
+    def _forward(self, rid: str, start: int, end: int) -> None:
+        req = self.core.requests[rid]
+        tables = self.core.table(rid)
+        for runner in self.runners:
+            runner.forward(rid, req.all_token_ids, start, min(end, req.num_tokens), tables)
+
+    def _verify_put(self, key: str, tag: Tag, buf: Any) -> None:
+        rank, group, boundary, rid = tag
+        tokens = self.job_tokens.get(self.current_job)
+        if tokens is None:
+            tokens = list(self.core.requests[rid].all_token_ids)
+        data = torch.as_tensor(buf).reshape(-1).view(torch.uint8)
+        bad = self.runners[rank].check_block_bytes(group, data.clone(), tokens, boundary,
+                                                   f"job{self.current_job}")
+        self.byte_errors += [f"put {rid} {tag}: {b}" for b in bad]
+
+    def _raise_byte_errors(self) -> None:
+        if self.byte_errors:
+            errs, self.byte_errors = self.byte_errors, []
+            raise KVByteMismatch("; ".join(errs[:3]))
+
+    def _req(self, rid: str) -> Any:
+        return self.core.requests[rid]
+
+    def _context(self, rid: str, hashes: Sequence[bytes]) -> tuple[str, dict[str, int]]:
+        h = self.trace_config.hash_block_size
+        return rid, {bytes(x).hex(): (i + 1) * h for i, x in enumerate(hashes)}
+
+    def _snapshot(self, job_id: int, rid: str) -> None:
+        """The writer's tokens as of the job (a request id may be reused later)."""
+        self.job_tokens[job_id] = list(self._req(rid).all_token_ids)
+
+    # --- scheduler side ----------------------------------------------------------------
+
+    def after_alloc(self, driver: Any, rid: str, table: tuple[list[int], ...],
+                    external: int) -> None:
+        blocks = SimpleNamespace(get_block_ids=lambda group_ids=None: tuple(
+            list(table[g]) for g in (group_ids if group_ids is not None else range(len(table)))))
+        self.sched.update_state_after_alloc(self._req(rid), blocks, external)
+
+    def _job_obs(self, job: Any) -> dict[str, Any]:
+        pins = self.sched.pinned.get(job.job_id, ([], 0))[0]
+        return job_obs(job.job_id, job.req_id, job.start, job.token_len, job.publish,
+                       [(p.group, p.block_id, p.num_tokens) for p in job.boundary_puts], pins)
+
+    def build(self, driver: Any, rows: list[tuple[str, int, str, tuple[list[int], ...], int]],
+              finished: set[str], preempted: set[str],
+              offloads: dict[str, list[tuple[int, int, int]]],
+              table: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        from vllm.v1.core.sched.output import KVConnectorBlockState
+
+        new_reqs, cached = [], []
+        for rid, _, kind, ids, computed in rows:
+            if kind == "new":
+                req = self._req(rid)
+                new_reqs.append(SimpleNamespace(
+                    req_id=rid, block_ids=tuple(list(g) for g in ids),
+                    num_computed_tokens=computed, prompt_token_ids=req.prompt_token_ids,
+                    prefill_token_ids=None))
+            else:
+                cached.append((rid, kind, ids, computed))
+        cached.sort(key=lambda c: c[1] == "resumed")  # running first, then resumed (SC:1939)
+        cached_data = SimpleNamespace(
+            req_ids=[c[0] for c in cached],
+            resumed_req_ids={c[0] for c in cached if c[1] == "resumed"},
+            new_block_ids=[c[2] if any(c[2]) else None for c in cached],
+            num_computed_tokens=[c[3] for c in cached])
+        block_state = KVConnectorBlockState(
+            req_ids={r[0] for r in rows} | set(offloads),
+            resolve_block_ids=lambda rid: tuple(list(g) for g in table(rid)),
+            boundary_state_offloads={rid: list(e) for rid, e in offloads.items()})
+        so = SimpleNamespace(
+            finished_req_ids=set(finished), preempted_req_ids=set(preempted),
+            scheduled_new_reqs=new_reqs, scheduled_cached_reqs=cached_data,
+            num_scheduled_tokens={r[0]: r[1] for r in rows}, kv_connector_block_state=block_state)
+        meta = self.sched.build_meta(so)
+        for j in meta.stores:
+            if j.job_id not in self.job_tokens:
+                self._snapshot(j.job_id, j.req_id)
+        jobs = [self._job_obs(j) for j in meta.stores]
+        loads = [{"rid": j.req_id, "local": j.local_tokens, "external": j.hit_tokens}
+                 for j in meta.loads]
+        for ws in self.workers:
+            if self.settings.can_put:
+                for job in meta.stores:
+                    ws.enqueue(job)
+            ws.close_ended(set(finished), set(preempted))
+        self._run_loads(meta)
+        return jobs, loads
+
+    def _run_loads(self, meta: TailproofMeta) -> None:
+        """Execute this step's loads on every rank and check the loaded bytes."""
+        if not meta.loads:
+            return
+        lcm = self.geom.lcm_block_size
+        for ws, runner in zip(self.workers, self.runners, strict=True):
+            ok = ws.start_load(TailproofMeta(loads=meta.loads))
+            ws.take_transfer_results()
+            ws.take_load_error_blocks()
+            for job in meta.loads:
+                if not ok[job.req_id]:
+                    continue  # failed closed: nothing was written
+                req = self._req(job.req_id)
+                start = job.local_tokens // lcm * lcm
+                bad = runner.check(job.req_id, req.all_token_ids, start, job.hit_tokens,
+                                   job.block_ids)
+                self.byte_errors += [f"load {job.req_id}: {b}" for b in bad]
+        self._raise_byte_errors()
+
+    def pinned(self) -> dict[int, tuple[list[int], int]]:
+        return self.sched.pinned
+
+    def remove_skipped(self, driver: Any, rid: str) -> None:
+        req = self._req(rid)
+        self.core.manager.remove_skipped_blocks(
+            request_id=rid,
+            processed_computed_tokens=max(0, req.num_computed_tokens - req.num_in_flight_tokens),
+            num_prompt_tokens=req.num_prompt_tokens)
+
+    def register(self, driver: Any, rid: str, block_ids: tuple[list[int], ...],
+                 tails: list[tuple[int, int, int]]) -> dict[str, Any] | None:
+        before = self.sched.next_job_id
+        delay = self.sched.register_finished_partial_tail(self._req(rid), block_ids, tails)
+        assert delay is False
+        if self.sched.next_job_id == before:
+            return None
+        s = self.sched.finished_tails[rid]
+        assert s.job_id is not None
+        self._snapshot(s.job_id, rid)
+        pins = self.sched.pinned.get(s.job_id, ([], 0))[0]
+        return job_obs(s.job_id, rid, s.start, s.token_len, s.publish,
+                       [(p.group, p.block_id, p.num_tokens) for p in s.boundary_puts], pins)
+
+    def trackers(self) -> dict[str, dict[str, Any]]:
+        return {rid: {"token_len": t.token_len, "saved": t.num_saved,
+                      "prefill_end": t.prefill_end, "tail_sent": t.tail_sent}
+                for rid, t in sorted(self.sched.trackers.items())}
+
+    # --- workers -----------------------------------------------------------------------
+
+    def run_worker(self, driver: Any, w: int, n: int | None,
+                   script: Any) -> list[dict[str, Any]]:
+        self.store.set_script(script)
+        ws = self.workers[w]
+        out = []
+        while ws.queue and (n is None or len(out) < n):
+            head = ws.queue[0]
+            self.store.context = self._context(head.req_id, head.block_hashes)
+            self.current_job = head.job_id
+            first = len(self.store.log)
+            ((job, err),) = ws.run(1)
+            row: dict[str, Any] = {"job": job.job_id, "rid": job.req_id,
+                                   "batches": [batch_obs(t, e) for t, e in self.store.log[first:]]}
+            if err is not None:
+                row["error"] = err
+            out.append(row)
+        self._raise_byte_errors()
+        return out
+
+    def worker_state(self, w: int) -> dict[str, Any]:
+        ws = self.workers[w]
+        return {"pressure": ws.gate.active, "skipped": sorted(ws.gate.skip),
+                "offsets": {r: n for r, n in sorted(ws.saved_offset.items())},
+                "queued": [j.job_id for j in ws.queue]}
+
+    def take_completed(self, w: int) -> dict[int, int]:
+        meta = self.workers[w].build_worker_meta()
+        return dict(meta.completed_jobs) if meta else {}
+
+    def report(self, completed: dict[int, int]) -> list[int]:
+        before = set(self.sched.pinned)
+        self.sched.update_connector_output(TailproofWorkerMeta(dict(completed)))
+        return [j for j in completed if j in before and j not in self.sched.pinned]
+
+    # --- lookups and store -------------------------------------------------------------
+
+    def store_lookup(self, driver: Any, rid: str, n: int) -> tuple[int, list[tuple[int, int]]]:
+        res = self.lookup_client.lookup(n, self._req(rid).block_hashes)
+        return res.hit_tokens, list(enumerate(res.tail_keys))
+
+    def matched(self, driver: Any, rid: str, num_computed: int) -> tuple[int | None, bool]:
+        return self.sched.get_num_new_matched_tokens(self._req(rid), num_computed)
+
+    def seed(self, driver: Any, rid: str, keys: list[tuple[int, ...]], workers: list[int],
+             remove: bool) -> int:
+        req = self._req(rid)
+        hashes = req.block_hashes
+        h = self.trace_config.hash_block_size
+        n = 0
+        for r in workers:
+            for g, b in keys:
+                key = store_key(self.settings.namespace, r, len(self.workers), g,
+                                bytes(hashes[b // h - 1]))
+                if remove:
+                    n += int(self.store.tags.pop(key, None) is not None)
+                    continue
+                value = self.runners[r].expected_block_bytes(g, req.all_token_ids, b, rid)
+                self._check_size(g, value)
+                out = self.store.inner.put(key, value.contiguous())
+                if out.saved:
+                    self.store.tags[key] = (r, g, b, rid)
+                    n += 1
+        return n
+
+    def _check_size(self, group: int, value: torch.Tensor) -> None:
+        """A seeded value has exactly the size of a real block value of its group."""
+        layout: KVLayout | None = self.workers[0].layout
+        assert layout is not None
+        assert value.numel() == layout.block_nbytes[group], (value.numel(), group)
+
+    def store_tags(self) -> list[tuple[int, int, int, str]]:
+        return list(self.store.tags.values())

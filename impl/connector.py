@@ -1,0 +1,303 @@
+"""``TailproofConnector``: the vLLM 0.33 KV connector users deploy.
+
+Load it with::
+
+    --kv-transfer-config '{"kv_connector": "TailproofConnector",
+                           "kv_connector_module_path": "tailproof.impl.connector",
+                           "kv_role": "kv_both",
+                           "kv_connector_extra_config": {"store": "memory"}}'
+
+This module is only the vLLM-facing shell: it validates the configuration at start-up
+(``config``), builds the store (``tailproof.impl.stores.make_store``) and delegates to the
+scheduler role (``scheduler_side``) or the worker role (``worker_side``). It supports the hybrid
+allocator (``SupportsHMA``): one request's blocks arrive as one list per KV cache group.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from dataclasses import replace
+from typing import Any
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+    KVConnectorTransferResults,
+    KVConnectorWorkerMetadata,
+    SupportsHMA,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.coordinator import (
+    MooncakeStoreCoordinator,
+)
+
+from tailproof.impl.config import (
+    ConfigError,
+    Geometry,
+    Settings,
+    geometry_from_vllm,
+    parse_settings,
+)
+from tailproof.impl.lookup import StoreLookup
+from tailproof.impl.meta import TailproofMeta
+from tailproof.impl.metrics import (
+    SchedulerMetrics,
+    TailproofPromMetrics,
+    TailproofStats,
+    WorkerMetrics,
+)
+from tailproof.impl.scheduler_side import SchedulerSide
+from tailproof.impl.stores import Store, make_store
+from tailproof.impl.worker_side import WorkerSide
+
+logger = logging.getLogger(__name__)
+
+_SHARED_LOCK = threading.Lock()
+_SHARED: dict[str, list[Any]] = {}  # store config json -> [store, refcount]
+
+
+def acquire_store(store_config: dict[str, Any]) -> Store:
+    """One store per configuration per process, shared by the roles living in it.
+
+    The memory store is process-local: with vLLM's in-process executor (one GPU) the scheduler
+    role and the worker then see the same store. Mooncake clients are shared the same way.
+    """
+    key = json.dumps(store_config, sort_keys=True)
+    with _SHARED_LOCK:
+        ent = _SHARED.get(key)
+        if ent is None:
+            ent = _SHARED[key] = [make_store(store_config), 0]
+        ent[1] += 1
+        return ent[0]
+
+
+def release_store(store: Store) -> None:
+    """Drop one reference; the last one closes the store."""
+    with _SHARED_LOCK:
+        for key, ent in list(_SHARED.items()):
+            if ent[0] is store:
+                ent[1] -= 1
+                if ent[1] <= 0:
+                    del _SHARED[key]
+                    store.close()
+                return
+
+
+def build_coordinator(geom: Geometry, kv_cache_config: Any, dcp: int) -> MooncakeStoreCoordinator:
+    """vLLM's mirror of the core hit search, over the stored groups (DCP-resolved)."""
+    from vllm.v1.core.kv_cache_utils import resolve_dcp_kv_cache_spec
+
+    groups = [
+        replace(g, kv_cache_spec=resolve_dcp_kv_cache_spec(g.kv_cache_spec, dcp))
+        for g in (kv_cache_config.kv_cache_groups[i] for i in geom.core_group_ids)
+    ]
+    return MooncakeStoreCoordinator(
+        groups, geom.lcm_block_size, geom.hash_block_size, use_eagle=geom.use_eagle,
+        retention_interval=kv_cache_config.prefix_cache_retention_interval,
+        enable_partial_hash_hits=geom.partial_hits,
+    )
+
+
+class TailproofConnector(KVConnectorBase_V1, SupportsHMA):
+    """Partial-tail-aware KV offload to a memory or Mooncake store (see module docstring)."""
+
+    @classmethod
+    def supports_sleep_mode(cls, kv_transfer_config: Any) -> bool:
+        return False
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        """False: a best-effort cache. Store jobs own their block references, so nothing a
+        preempted request still had in flight needs delivering; a dropped save is a miss."""
+        return False
+
+    def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None):
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        if kv_cache_config is None:
+            raise ValueError("TailproofConnector needs the KV cache config (vLLM >= 0.33)")
+        tc = vllm_config.kv_transfer_config
+        self.settings: Settings = parse_settings(tc.kv_connector_extra_config, tc.kv_role)
+        self.geom: Geometry = geometry_from_vllm(vllm_config, kv_cache_config)
+        ns = self.settings.namespace
+        if ns == "tailproof":
+            ns = f"tailproof:{getattr(vllm_config.model_config, 'model', None) or 'model'}"
+        # Engines whose blocks differ in shape must never read each other's values: the
+        # geometry is part of every key (a mismatch is then a miss, not a size error).
+        geo_tag = "b" + "-".join(map(str, self.geom.block_sizes)) + f"h{self.geom.hash_block_size}"
+        self.settings = _with_namespace(self.settings, f"{ns}:{geo_tag}")
+        if not self.settings.load_async and len(kv_cache_config.kv_cache_groups) > 1:
+            raise ConfigError([
+                "load_async=false needs a single KV cache group: a failed synchronous load is "
+                "reported by block id, which vLLM cannot map back to requests with several "
+                "groups (it would crash instead of recomputing)"])
+        par = vllm_config.parallel_config
+        # Workers of this engine (TP x PP): each stores its own shard, each reports every job.
+        self.world = par.tensor_parallel_size * par.pipeline_parallel_size
+        if self.world > 1 and self.settings.store == "memory":
+            raise ConfigError([
+                f"store 'memory' lives in one process, but this engine runs {self.world} worker "
+                "processes (tensor/pipeline parallel); use \"store\": \"mooncake\""])
+        dcp = par.decode_context_parallel_size
+        self.coord = build_coordinator(self.geom, kv_cache_config, dcp)
+        # Per-group EAGLE flags as vLLM's store coordinator merges them (spec groups).
+        self.geom = replace(self.geom, eagle_groups=frozenset(self.coord.eagle_group_ids))
+        store_config = dict(self.settings.store_config)
+        if role == KVConnectorRole.SCHEDULER and store_config["backend"] == "mooncake":
+            store_config["global_segment_size"] = 0  # lookups only: contribute no memory
+        self.store: Store = acquire_store(store_config)
+        self.scheduler_side: SchedulerSide | None = None
+        self.worker_side: WorkerSide | None = None
+        if role == KVConnectorRole.SCHEDULER:
+            lookup = StoreLookup(self.geom, self.coord, self.store.exists,
+                                 self.settings.namespace, self.world)
+            self.scheduler_side = SchedulerSide(self.settings, self.geom, lookup,
+                                                self.world, SchedulerMetrics())
+        else:
+            rank = _rank(par)
+            self.worker_side = WorkerSide(
+                self.settings, self.geom, self.store, rank, self.world, self.coord,
+                WorkerMetrics())
+        logger.info("TailproofConnector %s: store=%s geometry=%s", role.name,
+                    self.settings.store, self.geom)
+
+    # ------------------------------------------------------------------ scheduler role
+
+    def _sched(self) -> SchedulerSide:
+        assert self.scheduler_side is not None, "scheduler-role method on a worker connector"
+        return self.scheduler_side
+
+    def bind_gpu_block_pool(self, gpu_block_pool: Any) -> None:
+        self._sched().bind_block_pool(gpu_block_pool)
+
+    def get_num_new_matched_tokens(
+        self, request: Any, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        return self._sched().get_num_new_matched_tokens(request, num_computed_tokens)
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int):
+        self._sched().update_state_after_alloc(request, blocks, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
+        return self._sched().build_meta(scheduler_output)
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        self._sched().update_connector_output(
+            connector_output.kv_connector_worker_meta, connector_output.failed_recving or ())
+
+    def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, Any]:
+        return self.request_finished_all_groups(request, (block_ids,))
+
+    def request_finished_all_groups(
+        self, request: Any, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        # Store jobs hold their own block references: a finishing request never waits.
+        return False, None
+
+    def register_finished_partial_tail(
+        self, request: Any, block_ids: tuple[list[int], ...],
+        partial_tail_offloads: list[tuple[int, int, int]],
+    ) -> bool:
+        return self._sched().register_finished_partial_tail(
+            request, block_ids, partial_tail_offloads)
+
+    def has_pending_push_work(self) -> bool:
+        return self.scheduler_side is not None and self.scheduler_side.has_pending_push_work()
+
+    def reset_cache(self) -> bool | None:
+        if self.scheduler_side is None:
+            return None
+        self.scheduler_side.reset()
+        try:
+            self.store.remove_all()
+        except Exception:  # a store must not crash a prefix-cache reset
+            logger.exception("store remove_all failed")
+            return False
+        return True
+
+    # ------------------------------------------------------------------ worker role
+
+    def _worker(self) -> WorkerSide:
+        assert self.worker_side is not None, "worker-role method on a scheduler connector"
+        return self.worker_side
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        groups = [self._kv_cache_config.kv_cache_groups[g].layer_names
+                  for g in self.geom.core_group_ids]
+        self._worker().register_kv_caches(kv_caches, groups)
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, TailproofMeta)
+        self._worker().start_load(meta)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any,
+                      **kwargs: Any) -> None:
+        return
+
+    def wait_for_save(self) -> None:
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, TailproofMeta)
+        self._worker().wait_for_save(meta)
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        res = self.get_transfer_results(finished_req_ids)
+        return res.finished_sending, res.finished_recving
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        done, failed = self._worker().take_transfer_results()
+        return KVConnectorTransferResults(finished_recving=done, failed_recving=failed)
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return self._worker().take_load_error_blocks()
+
+    def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:
+        return self._worker().build_worker_meta()
+
+    def shutdown(self) -> None:
+        if self.worker_side is not None:
+            self.worker_side.close()
+        store = getattr(self, "store", None)
+        if store is not None:
+            self.store = None  # type: ignore[assignment]
+            release_store(store)
+
+    # ------------------------------------------------------------------ metrics
+
+    def get_kv_connector_stats(self) -> TailproofStats | None:
+        side = self.scheduler_side or self.worker_side
+        if side is None:
+            return None
+        stats = TailproofStats(data=side.metrics.drain())
+        return None if stats.is_empty() else stats
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> TailproofStats:
+        return TailproofStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(
+        cls, vllm_config: Any, metric_types: dict[type, type], labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> TailproofPromMetrics:
+        return TailproofPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+
+
+def _with_namespace(s: Settings, ns: str) -> Settings:
+    return replace(s, namespace=ns.replace("@", "_"))
+
+
+def _rank(par: Any) -> int:
+    """This worker's rank within the (tensor x pipeline) group."""
+    try:
+        from vllm.distributed.parallel_state import get_pp_group, get_tp_group
+
+        return get_tp_group().rank_in_group + get_pp_group().rank_in_group * (
+            par.tensor_parallel_size)
+    except Exception:  # no distributed state (single process / tests)
+        return 0

@@ -1,0 +1,119 @@
+"""Where a KV cache block's bytes live, and how to copy whole blocks out of / into them.
+
+Why: a store value is "every byte of one block of one group on this rank": the concatenation,
+over the group's layers and each layer's tensors (K/V, or a Mamba layer's conv and SSM states),
+of that block's slice. vLLM hands the connector ``{layer_name: tensor or [tensors]}`` in layouts
+that differ per attention backend -- the block dimension is 0 (``(num_blocks, 2, ...)``, Mamba)
+or 1 (``(2, num_blocks, ...)``, FlashAttention) and an attention block may be split into several
+kernel blocks (``num_blocks * r`` rows). :class:`KVLayout` finds that dimension once, at
+registration, and then gathers/scatters blocks with ``index_select``/``index_copy_`` (one kernel
+per tensor, on the tensor's device and current stream, so ordered after the step's forward and
+CoW copies).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One tensor of one layer: its block dimension and rows per logical block."""
+
+    tensor: torch.Tensor
+    dim: int
+    ratio: int  # kernel blocks per logical block
+
+    @property
+    def block_nbytes(self) -> int:
+        t = self.tensor
+        return t.numel() // t.shape[self.dim] * self.ratio * t.element_size()
+
+
+def find_block_dim(t: torch.Tensor, num_blocks: int) -> tuple[int, int]:
+    """(dim, ratio) such that ``t.shape[dim] == num_blocks * ratio``.
+
+    ``(2, num_blocks * r, ...)`` (K/V first, FlashAttention) -> dim 1; otherwise dim 0
+    (``(num_blocks * r, ...)``: most attention backends and every Mamba state tensor).
+    """
+    ok = [
+        d for d in (0, 1)
+        if d < t.dim() and t.shape[d] >= num_blocks and t.shape[d] % num_blocks == 0
+    ]
+    if 1 in ok and t.shape[0] == 2 and num_blocks > 2:
+        return 1, t.shape[1] // num_blocks
+    if ok:
+        return ok[0], t.shape[ok[0]] // num_blocks
+    raise ValueError(
+        f"KV cache tensor of shape {tuple(t.shape)} has no block dimension for "
+        f"{num_blocks} blocks"
+    )
+
+
+class KVLayout:
+    """Per store group: the segments of its layers, and the bytes of one block."""
+
+    def __init__(
+        self, kv_caches: Mapping[str, torch.Tensor | Sequence[torch.Tensor]],
+        layer_groups: Sequence[Sequence[str]], num_blocks: int,
+    ):
+        self.num_blocks = num_blocks
+        self.groups: list[list[Segment]] = []
+        for names in layer_groups:
+            segs: list[Segment] = []
+            for name in names:
+                if name not in kv_caches:
+                    continue  # a layer this rank does not hold (pipeline parallelism)
+                val = kv_caches[name]
+                tensors = [val] if isinstance(val, torch.Tensor) else list(val)
+                for t in tensors:
+                    dim, ratio = find_block_dim(t, num_blocks)
+                    segs.append(Segment(t, dim, ratio))
+            self.groups.append(segs)
+        self.block_nbytes = [sum(s.block_nbytes for s in segs) for segs in self.groups]
+        devs = {s.tensor.device for segs in self.groups for s in segs}
+        self.device = next(iter(devs)) if devs else torch.device("cpu")
+
+    @staticmethod
+    def _rows(seg: Segment, block_ids: Sequence[int], device: torch.device) -> torch.Tensor:
+        ids = torch.as_tensor(list(block_ids), dtype=torch.long)
+        if seg.ratio > 1:
+            ids = (ids[:, None] * seg.ratio + torch.arange(seg.ratio)[None, :]).reshape(-1)
+        return ids.to(device)
+
+    def gather(self, group: int, block_ids: Sequence[int]) -> torch.Tensor:
+        """``(n, block_nbytes)`` uint8 tensor (on the KV device) of the given blocks."""
+        n = len(block_ids)
+        parts = []
+        for seg in self.groups[group]:
+            rows = self._rows(seg, block_ids, seg.tensor.device)
+            sel = seg.tensor.index_select(seg.dim, rows).movedim(seg.dim, 0).contiguous()
+            parts.append(sel.view(torch.uint8).reshape(n, -1))
+        if not parts:
+            return torch.empty((n, 0), dtype=torch.uint8)
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+    def gather_into(self, group: int, block_ids: Sequence[int], out: torch.Tensor) -> None:
+        """Copy the blocks into ``out`` (a CPU uint8 view of ``n * block_nbytes``); blocking."""
+        data = self.gather(group, block_ids)
+        out.view(len(block_ids), -1).copy_(data)
+
+    def scatter(self, group: int, block_ids: Sequence[int], data: torch.Tensor) -> None:
+        """Write ``data`` (``n * block_nbytes`` uint8, any device) into the given blocks."""
+        n = len(block_ids)
+        data = data.reshape(n, -1)
+        off = 0
+        for seg in self.groups[group]:
+            t = seg.tensor
+            width = seg.block_nbytes
+            part = torch.empty((n, width), dtype=torch.uint8, device=t.device)
+            part.copy_(data[:, off : off + width])  # fresh, aligned storage for the dtype view
+            off += width
+            shape = list(t.shape)
+            shape[seg.dim] = n * seg.ratio
+            moved = [shape[seg.dim]] + shape[: seg.dim] + shape[seg.dim + 1 :]
+            src = part.view(t.dtype).reshape(moved).movedim(0, seg.dim)
+            t.index_copy_(seg.dim, self._rows(seg, block_ids, t.device), src)

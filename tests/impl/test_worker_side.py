@@ -1,0 +1,203 @@
+"""Worker data path: blocks out to the store and back, byte for byte, and every failure closed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tailproof.impl.config import Geometry, Settings
+from tailproof.impl.kv_layout import KVLayout, find_block_dim
+from tailproof.impl.meta import BoundaryPut, LoadJob, StoreJob, TailproofMeta
+from tailproof.impl.runner_sim import GroupShape, SimRunner
+from tailproof.impl.stores import MemoryStore, Outcome, Status
+from tailproof.impl.worker_side import WorkerSide
+
+H, BS, NB = 4, 16, 32
+GEOM = Geometry(core_group_ids=(0, 1), block_sizes=(BS, BS), is_mamba=(False, True),
+                hash_block_size=H, lcm_block_size=BS, partial_hits=True, use_eagle=False,
+                num_blocks=NB)
+SHAPES = [GroupShape("full_attention", BS, layers=2), GroupShape("mamba", BS, layers=2)]
+TOKENS = list(range(100, 160))
+HASHES = [bytes([i]) * 8 for i in range(len(TOKENS) // H)]  # stand-ins for block hashes
+
+
+def make_worker(store: MemoryStore, rank: int = 0, world: int = 1, device: str = "cpu",
+                **kw: int) -> tuple[WorkerSide, SimRunner]:
+    runner = SimRunner(SHAPES, NB, rank=rank, device=device)
+    w = WorkerSide(Settings(**kw), GEOM, store, rank, world)
+    w.register_kv_caches(runner.kv, runner.layer_names)
+    return w, runner
+
+
+def test_find_block_dim_layouts() -> None:
+    assert find_block_dim(torch.zeros(2, 32, 16, 1, 4), 32) == (1, 1)  # FlashAttention
+    assert find_block_dim(torch.zeros(32, 2, 16, 1, 4), 32) == (0, 1)  # (blocks, K/V, ...)
+    assert find_block_dim(torch.zeros(32, 7), 32) == (0, 1)  # Mamba state
+    assert find_block_dim(torch.zeros(2, 64, 8, 1, 4), 32) == (1, 2)  # 2 kernel blocks each
+    with pytest.raises(ValueError):
+        find_block_dim(torch.zeros(3, 5), 32)
+
+
+def test_layout_gather_scatter_roundtrip_with_kernel_blocks() -> None:
+    a = torch.randn(2, 64, 8, 1, 4)  # logical block = 2 kernel blocks
+    m = [torch.randn(32, 3), torch.randn(32, 5, dtype=torch.float64)]
+    lay = KVLayout({"a": a, "m": m}, [["a"], ["m"]], 32)
+    assert lay.block_nbytes == [2 * 2 * 8 * 4 * 4, 3 * 4 + 5 * 8]
+    data = lay.gather(0, [3, 7]).clone()
+    data1 = lay.gather(1, [5]).clone()
+    a2 = a.clone()
+    lay.scatter(0, [10, 11], data)
+    lay.scatter(1, [9], data1)
+    assert torch.equal(a[:, 20:22], a2[:, 6:8]) and torch.equal(a[:, 22:24], a2[:, 14:16])
+    assert torch.equal(m[0][9], m[0][5]) and torch.equal(m[1][9], m[1][5])
+
+
+def produce(w: WorkerSide, runner: SimRunner, rid: str, end: int, tables: tuple[list[int], ...],
+            puts: list[BoundaryPut], token_len: int, job: int = 0) -> None:
+    runner.forward(rid, TOKENS, 0, end, tables)
+    w.wait_for_save(TailproofMeta(stores=[
+        StoreJob(job, rid, token_len, tables, HASHES, puts)]))
+
+
+def test_save_then_load_is_byte_exact_and_reports_jobs() -> None:
+    store = MemoryStore()
+    w, runner = make_worker(store)
+    # Producer computed 44 tokens: FA blocks 1,2,3 (0..47), Mamba state@44 in block 6.
+    tables = ([1, 2, 3], [0, 0, 6])
+    puts = [BoundaryPut(0, 3, 44), BoundaryPut(1, 6, 44)]
+    produce(w, runner, "A", 44, tables, puts, token_len=32)
+    assert w.build_worker_meta().completed_jobs == {0: 1}
+    assert w.build_worker_meta() is None
+    # 2 full FA blocks + FA tail@44 + Mamba@44.
+    assert len(store._data) == 4
+    # Consumer: fresh worker state, other blocks; load 44 tokens.
+    w2, r2 = make_worker(store)
+    ctab = ([7, 8, 9], [0, 0, 10])
+    w2.start_load(TailproofMeta(loads=[LoadJob("B", ctab, HASHES, 0, 44, (44, 44))]))
+    assert w2.take_transfer_results() == ({"B"}, set())
+    assert r2.check("B", TOKENS, 0, 44, ctab) == []
+
+
+def test_load_reads_cow_target_not_source() -> None:
+    """A boundary put of the CoW target stores the state at the boundary, not the source's
+    later state: reading the source would be a byte mismatch."""
+    store = MemoryStore()
+    w, runner = make_worker(store)
+    tables = ([1, 2, 3], [0, 0, 6])
+    runner.forward("A", TOKENS, 0, 44, tables)
+    runner.copy_blocks([(6, 12)])  # running CoW: target 12 keeps state@44
+    runner.forward("A", TOKENS, 44, 45, tables)  # source 6 moves on to state@45
+    w.wait_for_save(TailproofMeta(stores=[StoreJob(
+        0, "A", 32, tables, HASHES, [BoundaryPut(0, 3, 44), BoundaryPut(1, 12, 44)])]))
+    w2, r2 = make_worker(store)
+    ctab = ([7, 8, 9], [0, 0, 10])
+    w2.start_load(TailproofMeta(loads=[LoadJob("B", ctab, HASHES, 0, 44, (44, 44))]))
+    assert w2.take_transfer_results() == ({"B"}, set())
+    assert r2.check("B", TOKENS, 0, 44, ctab) == []
+    # The same put from the source block would be detected.
+    store2 = MemoryStore()
+    w3, r3 = make_worker(store2)
+    r3.forward("A", TOKENS, 0, 45, tables)
+    w3.wait_for_save(TailproofMeta(stores=[StoreJob(
+        0, "A", 32, tables, HASHES, [BoundaryPut(0, 3, 44), BoundaryPut(1, 6, 44)])]))
+    w4, r4 = make_worker(store2)
+    w4.start_load(TailproofMeta(loads=[LoadJob("B", ctab, HASHES, 0, 44, (44, 44))]))
+    assert w4.take_transfer_results() == ({"B"}, set())
+    assert r4.check("B", TOKENS, 0, 44, ctab) != []
+
+
+@pytest.mark.parametrize("status", [Status.MISS, Status.ERROR, Status.TIMEOUT, Status.TOO_LARGE])
+def test_failed_get_fails_closed(status: Status) -> None:
+    store = MemoryStore()
+    w, runner = make_worker(store)
+    tables = ([1, 2, 3], [0, 0, 6])
+    produce(w, runner, "A", 44, tables, [BoundaryPut(0, 3, 44), BoundaryPut(1, 6, 44)], 32)
+    w2, r2 = make_worker(store)
+    ctab = ([7, 8, 9], [0, 0, 10])
+    store.faults.script("get", [None, Outcome(status)])
+    w2.start_load(TailproofMeta(loads=[LoadJob("B", ctab, HASHES, 0, 44, (44, 44))]))
+    done, failed = w2.take_transfer_results()
+    assert done == {"B"} and failed == {"B"}
+    # Nothing was scattered: the blocks still hold zeros, never partial KV.
+    assert not any(r2.kv["g0.l0"][:, b].any() for b in (7, 8, 9))
+    assert w2.metrics.c.get(f"get_fail_{status.value}") == 1
+
+
+def test_pressure_gate_skips_then_clears() -> None:
+    store = MemoryStore()
+    w, runner = make_worker(store)
+    tables = ([1, 2, 3], [0, 0, 6])
+    runner.forward("A", TOKENS, 0, 48, tables)
+    runner.forward("B", TOKENS[::-1], 0, 48, ([4, 5, 6], [0, 0, 9]))
+    store.faults.script("put", [Outcome.full(-200)])
+    job = StoreJob(0, "A", 32, tables, HASHES, [])
+    w.wait_for_save(TailproofMeta(stores=[job]))
+    assert w.gate.active and w.gate.skip == {"A"} and w.saved_offset.get("A") is None
+    puts_before = w.metrics.c.get("put_keys")
+    w.wait_for_save(TailproofMeta(stores=[StoreJob(1, "A", 48, tables, HASHES, [])]))
+    assert w.metrics.c.get("put_keys") == puts_before  # skipped: zero puts
+    assert w.metrics.c.get("jobs_skipped_pressure") == 1
+    hb = [bytes([200 + i]) * 8 for i in range(12)]
+    w.wait_for_save(TailproofMeta(stores=[StoreJob(2, "B", 48, ([4, 5, 6], [0, 0, 9]), hb, [])]))
+    assert not w.gate.active and not w.gate.skip
+    w.wait_for_save(TailproofMeta(stores=[StoreJob(3, "A", 48, tables, HASHES, [])]))
+    assert w.saved_offset["A"] == 48  # resumed from offset 0
+    assert w.build_worker_meta().completed_jobs == {0: 1, 1: 1, 2: 1, 3: 1}
+
+
+def test_failed_boundary_put_skips_normal_save() -> None:
+    store = MemoryStore()
+    w, runner = make_worker(store)
+    tables = ([1, 2, 3], [0, 0, 6])
+    runner.forward("A", TOKENS, 0, 44, tables)
+    store.faults.script("put", [Outcome.error()])
+    w.wait_for_save(TailproofMeta(stores=[StoreJob(0, "A", 32, tables, HASHES,
+                                                   [BoundaryPut(1, 6, 44)])]))
+    assert w.saved_offset.get("A") is None and not store._data
+    assert w.build_worker_meta().completed_jobs == {0: 1}
+
+
+def test_two_ranks_store_their_own_shards() -> None:
+    store = MemoryStore()
+    tables = ([1, 2, 3], [0, 0, 6])
+    for rank in (0, 1):
+        w, runner = make_worker(store, rank=rank, world=2)
+        produce(w, runner, "A", 44, tables, [BoundaryPut(0, 3, 44), BoundaryPut(1, 6, 44)], 32)
+    assert len(store._data) == 8
+    for rank in (0, 1):
+        w, r = make_worker(store, rank=rank, world=2)
+        ctab = ([7, 8, 9], [0, 0, 10])
+        w.start_load(TailproofMeta(loads=[LoadJob("B", ctab, HASHES, 0, 44, (44, 44))]))
+        assert w.take_transfer_results() == ({"B"}, set())
+        assert r.check("B", TOKENS, 0, 44, ctab) == []
+
+
+def test_small_staging_buffer_puts_in_batches() -> None:
+    store = MemoryStore()
+    w, runner = make_worker(store, put_batch_size=1)
+    tables = ([1, 2, 3], [0, 0, 6])
+    produce(w, runner, "A", 48, tables, [], token_len=48)
+    assert w.metrics.c.get("put_batches") == 3 and w.saved_offset["A"] == 48
+    # Re-saving stores nothing new (keys exist) and still succeeds.
+    w.saved_offset.clear()
+    w.wait_for_save(TailproofMeta(stores=[StoreJob(1, "A", 48, tables, HASHES, [])]))
+    assert w.metrics.c.get("put_keys") == 3
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_kv_roundtrip_with_pinned_staging() -> None:
+    """KV tensors on the GPU: pinned staging buffer, event sync before reading, scatter back."""
+    store = MemoryStore()
+    w, runner = make_worker(store, device="cuda")
+    assert w.staging is not None and w.staging.is_pinned()
+    tables = ([1, 2, 3], [0, 0, 6])
+    runner.forward("A", TOKENS, 0, 44, tables)
+    runner.copy_blocks([(6, 12)])
+    runner.forward("A", TOKENS, 44, 45, tables)
+    w.wait_for_save(TailproofMeta(stores=[StoreJob(
+        0, "A", 32, tables, HASHES, [BoundaryPut(0, 3, 44), BoundaryPut(1, 12, 44)])]))
+    w2, r2 = make_worker(store, device="cuda")
+    ctab = ([7, 8, 9], [0, 0, 10])
+    w2.start_load(TailproofMeta(loads=[LoadJob("B", ctab, HASHES, 0, 44, (44, 44))]))
+    assert w2.take_transfer_results() == ({"B"}, set())
+    assert r2.check("B", TOKENS, 0, 44, ctab) == []
