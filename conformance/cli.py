@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -74,11 +75,35 @@ def _parse_adapters(text: str) -> list[str]:
     return names
 
 
+def _impl_store(args: argparse.Namespace, adapters: list[str]) -> contextlib.ExitStack:
+    """Point the impl adapter at the chosen store; for ``--store mooncake`` without a master
+    address, start a ``mooncake_master`` on 127.0.0.1 for the run and stop it by PID after."""
+    stack = contextlib.ExitStack()
+    if "impl" not in adapters or args.store is None:
+        return stack
+    from tailproof.conformance.adapters import impl as impl_adapter
+
+    store_config: dict[str, Any] = {}
+    if args.store == "mooncake":
+        address = args.mooncake_master
+        if not address:
+            from tailproof.impl.stores.local_master import LocalMaster
+
+            address = stack.enter_context(LocalMaster()).address
+        store_config = {"master_address": address}
+    saved = dict(impl_adapter.ImplConnector.options)
+    impl_adapter.ImplConnector.options = {"store": args.store, "store_config": store_config}
+    stack.callback(setattr, impl_adapter.ImplConnector, "options", saved)
+    stack.callback(impl_adapter.close_shared_stores)
+    return stack
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
     adapters = _parse_adapters(args.against)
     traces = _load_all(args.traces)
     t0 = time.perf_counter()
-    results = _run(traces, adapters, args.strict_ids, progress=False)
+    with _impl_store(args, adapters):
+        results = _run(traces, adapters, args.strict_ids, progress=False)
     summary = _summary(results, time.perf_counter() - t0)
     if args.json:
         print(json.dumps(summary, indent=2))
@@ -140,7 +165,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     print(f"tailproof check: {len(traces)} cases on {', '.join(adapters)}"
           + (f" (not installed: {', '.join(missing)})" if missing else ""), file=sys.stderr)
     t0 = time.perf_counter()
-    results = _run(traces, adapters, strict=False, progress=True)
+    with _impl_store(args, adapters):
+        results = _run(traces, adapters, strict=False, progress=True)
     summary = _summary(results, time.perf_counter() - t0)
     for r in results:
         for d in r.divergences[:1]:
@@ -159,6 +185,13 @@ def cmd_check(args: argparse.Namespace) -> int:
     return rc
 
 
+def _store_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--store", choices=["memory", "mooncake"],
+                   help="store behind the impl adapter (default: memory, or $TAILPROOF_STORE)")
+    p.add_argument("--mooncake-master", metavar="HOST:PORT",
+                   help="an existing mooncake_master (default: start one on 127.0.0.1)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tailproof", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -166,12 +199,14 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--adapters", help="comma-separated subset of adapters")
     c.add_argument("--no-prove", action="store_true", help="skip the spec's proofs")
     c.add_argument("--json", action="store_true")
+    _store_args(c)
     c.set_defaults(func=cmd_check)
     r = sub.add_parser("replay", help="replay traces on adapters and compare observations")
     r.add_argument("traces", nargs="+")
     r.add_argument("--against", default="reference,vllm")
     r.add_argument("--strict-ids", action="store_true", help="compare block ids exactly")
     r.add_argument("--json", action="store_true")
+    _store_args(r)
     r.set_defaults(func=cmd_replay)
     rec = sub.add_parser("record", help="write one adapter's observations as expectations")
     rec.add_argument("traces", nargs="+")

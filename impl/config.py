@@ -36,7 +36,7 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class Settings:
-    """``kv_connector_extra_config`` after validation (see docs/deploy.md for every key)."""
+    """``kv_connector_extra_config`` after validation (every key: README, "Deploy in vLLM")."""
 
     kv_role: str = "kv_both"
     store: str = "memory"
