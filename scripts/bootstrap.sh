@@ -25,7 +25,10 @@ if ! ldconfig -p 2>/dev/null | grep -q 'libibverbs.so.1'; then
 fi
 
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
-pip=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
+pip=(pip_quiet "$VENV/bin/python" -m pip install -q --disable-pip-version-check)
+# pip warns once per package about index folders that do not exist on this machine; drop only
+# those lines and keep every other message.
+pip_quiet() { "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
 log "torch 2.13.0 (CPU build)"
 "${pip[@]}" -c "$C" torch==2.13.0
 check_cpu_torch() {
