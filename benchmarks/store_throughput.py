@@ -107,7 +107,7 @@ def run(rounds: int, with_mooncake: bool) -> list[tuple[str, float]]:
     rows = [("torch copy (baseline)", median_seconds(lambda: dst.copy_(chunk.staging),
                                                       rounds=rounds))]
     src_np, dst_np = chunk.staging.numpy(), dst.numpy()
-    rows.append(("numpy copyto (what the memory store does per value)",
+    rows.append(("numpy copyto (single-threaded memcpy)",
                  median_seconds(lambda: np.copyto(dst_np, src_np), rounds=rounds)))
     with MemoryStore(1 << 30) as mem:
         rows += store_rows(mem, chunk, rounds, "memory")
