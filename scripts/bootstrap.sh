@@ -40,13 +40,16 @@ if "+cpu" not in v:
 PYEOF
 }
 check_cpu_torch
-log "vllm 0.33.0 (--no-deps) and the runtime packages its core imports"
-"${pip[@]}" --no-deps vllm==0.33.0
+log "the runtime packages vLLM 0.33's core imports"
 "${pip[@]}" -c "$C" -r requirements/vllm-runtime.txt
 # xgrammar declares triton (~1 GB) but importing it does not need it.
 "${pip[@]}" --no-deps -c "$C" xgrammar apache-tvm-ffi
 log "proof, test and store tools"
 "${pip[@]}" -c "$C" -r requirements/dev.txt
+# vLLM last and without its dependencies: its full set (CUDA torch, GPU kernels) is not needed
+# for the core modules, and installing it last keeps pip from re-listing what it would want.
+log "vllm 0.33.0 (--no-deps)"
+"${pip[@]}" --no-deps vllm==0.33.0
 "${pip[@]}" --no-deps -e .
 check_cpu_torch
 echo "$want" > "$stamp"
