@@ -1,5 +1,5 @@
 """The connector corpus, as scheduler scripts (see ``casebook.py``). Each description says
-what the case pins and why; notes cite ``/work/shared/notes/vllm_semantics.md`` ids."""
+what the case pins and why; notes cite ``../shared/notes/vllm_semantics.md`` ids."""
 
 from __future__ import annotations
 
