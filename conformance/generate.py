@@ -24,7 +24,7 @@ from tailproof.conformance.trace import FORMAT_TAG, parse_trace
 
 FA, M = "full_attention", "mamba_align"
 
-# (groups, h, use_eagle): geometries of the corpus, all with Mamba align groups.
+# (groups, h, use_eagle): the corpus's geometries and a few more shapes vLLM accepts.
 GEOMETRIES: list[tuple[list[tuple[str, int, bool]], int, bool]] = [
     ([(FA, 2, False), (M, 4, False)], 2, False),
     ([(FA, 4, False), (M, 4, False)], 2, False),
@@ -34,6 +34,13 @@ GEOMETRIES: list[tuple[list[tuple[str, int, bool]], int, bool]] = [
     ([(FA, 8, False), (M, 8, False), (M, 8, False)], 4, False),
     ([(FA, 8, False), (M, 8, False)], 8, False),  # partial hits off
     ([(FA, 4, True), (M, 8, False)], 2, True),
+    ([(FA, 16, True), (M, 64, False)], 16, True),
+    ([(FA, 4, False), (M, 12, False)], 2, False),  # lcm 12
+    ([(FA, 6, False), (M, 4, False)], 2, False),  # lcm 12, attention block larger
+    ([(FA, 4, False), (FA, 4, False), (M, 8, False)], 2, False),
+    ([(FA, 4, False), (FA, 8, False)], 4, False),  # attention only, two block sizes
+    ([(FA, 4, False)], 4, False),  # one group: the unitary coordinator
+    ([(M, 8, False)], 8, False),  # Mamba only
 ]
 
 
@@ -158,11 +165,17 @@ def lockstep_trace(draw: st.DrawFn, adapters: list[str], max_steps: int = 16,
                 waiting.append(rid)
             elif action == "admit" and waiting:
                 rid = draw(st.sampled_from(waiting))
-                run.apply({"op": "lookup", "rid": rid})
-                plan = run.apply({"op": "plan_chunk", "rid": rid, "use_hit": True})
+                hit = (run.apply({"op": "lookup", "rid": rid}) or {}).get("hit", 0)
+                view = run.drivers[0].core.get(rid)
+                # Sometimes a connector supplies more tokens than the local hit (external).
+                room = max(0, view.num_tokens - view.num_computed_tokens - hit - 1)
+                ext = draw(st.sampled_from([0, 0, 0, room // 2, room])) if room else 0
+                extra = {"external": ext} if ext else {}
+                plan = run.apply({"op": "plan_chunk", "rid": rid, "use_hit": True, **extra})
                 if not (plan and plan.get("chunk")):
                     continue
-                obs = run.apply({"op": "allocate", "rid": rid, "n": "plan", "use_hit": True})
+                obs = run.apply({"op": "allocate", "rid": rid, "n": "plan", "use_hit": True,
+                                 **extra})
                 if obs and obs.get("ok"):
                     run.apply({"op": "commit", "rid": rid})
                     waiting.remove(rid)
