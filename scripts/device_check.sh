@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The GPU checks, as one script for a lent CUDA machine (run from the repo root; results go to
+# $OUT, default ./out/device): the corpus on the impl adapter with CUDA KV tensors (memory store
+# and a real Mooncake master on 127.0.0.1), the CUDA worker test, and the store benchmarks.
+# Not runnable on a CPU-only machine: it stops at once when torch sees no CUDA device.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-out/device}"
+mkdir -p "$OUT"
+./scripts/bootstrap.sh
+PY=.venv/bin/python
+"$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else "no CUDA device")'
+nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1 || true
+export TAILPROOF_IMPL_DEVICE=cuda
+for store in memory mooncake; do
+  .venv/bin/tailproof replay conformance/cases/*.json --against reference,impl --store "$store" \
+    --json > "$OUT/replay-impl-cuda-$store.json" || echo "divergences on $store" >&2
+done
+"$PY" -m pytest tests/impl/test_worker_side.py -k cuda -rs 2>&1 | tee "$OUT/cuda-worker-test.txt"
+"$PY" benchmarks/store_throughput.py --rounds 20 2>&1 | tee "$OUT/store-throughput.md"
