@@ -71,6 +71,11 @@ class CoreBackend(Protocol):
     def finalize_tail(self, rid: str) -> list[tuple[int, int, int]]:
         """``finalize_partial_tail_offloads``: [(group, block, boundary)]."""
 
+    def remove_skipped(self, rid: str) -> None:
+        """``KVCacheManager.remove_skipped_blocks`` on the processed-token basis (computed
+        minus in flight), as ``Scheduler._connector_finished`` calls it before a finish-time
+        hand-off."""
+
     def free(self, rid: str) -> None:
         """``KVCacheManager.free`` (request finished or aborted)."""
 

@@ -314,7 +314,7 @@ class ConnectorAdapter:
         raise NotImplementedError
 
     def remove_skipped(self, driver: Any, rid: str) -> None:
-        raise NotImplementedError
+        driver.core.remove_skipped(rid)
 
     def register(self, driver: Any, rid: str, block_ids: tuple[list[int], ...],
                  tails: list[tuple[int, int, int]]) -> int | None:

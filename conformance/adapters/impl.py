@@ -348,13 +348,6 @@ class ImplConnector(ConnectorAdapter):
     def pinned(self) -> dict[int, tuple[list[int], int]]:
         return self.sched.pinned
 
-    def remove_skipped(self, driver: Any, rid: str) -> None:
-        req = self._req(rid)
-        self.core.manager.remove_skipped_blocks(
-            request_id=rid,
-            processed_computed_tokens=max(0, req.num_computed_tokens - req.num_in_flight_tokens),
-            num_prompt_tokens=req.num_prompt_tokens)
-
     def register(self, driver: Any, rid: str, block_ids: tuple[list[int], ...],
                  tails: list[tuple[int, int, int]]) -> dict[str, Any] | None:
         before = self.sched.next_job_id

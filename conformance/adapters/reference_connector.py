@@ -78,11 +78,6 @@ class ReferenceConnector(ConnectorAdapter):
     def pinned(self) -> dict[int, tuple[list[int], int]]:
         return self.sched.pinned
 
-    def remove_skipped(self, driver: Any, rid: str) -> None:
-        req = self._req(rid)
-        processed = max(0, req.num_computed_tokens - req.num_in_flight_tokens)
-        self.core.manager.coordinator.remove_skipped_blocks(rid, processed)
-
     def register(self, driver: Any, rid: str, block_ids: tuple[list[int], ...],
                  tails: list[tuple[int, int, int]]) -> dict[str, Any] | None:
         job = self.sched.register_finished_partial_tail(self._req(rid), block_ids, tails)

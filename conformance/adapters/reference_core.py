@@ -122,6 +122,11 @@ class ReferenceCoreBackend:
     def finalize_tail(self, rid: str) -> list[tuple[int, int, int]]:
         return self.manager.finalize_partial_tail_offloads(self.requests[rid])
 
+    def remove_skipped(self, rid: str) -> None:
+        req = self.requests[rid]
+        processed = max(0, req.num_computed_tokens - req.num_in_flight_tokens)
+        self.manager.coordinator.remove_skipped_blocks(rid, processed)
+
     def free(self, rid: str) -> None:
         self.manager.free(self.requests[rid])
 

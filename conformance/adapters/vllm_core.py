@@ -190,6 +190,12 @@ class VllmCoreBackend:
     def finalize_tail(self, rid: str) -> list[tuple[int, int, int]]:
         return list(self.manager.finalize_partial_tail_offloads(self.requests[rid]))
 
+    def remove_skipped(self, rid: str) -> None:
+        req = self.requests[rid]
+        self.manager.remove_skipped_blocks(
+            rid, max(0, req.num_computed_tokens - req.num_in_flight_tokens),
+            num_prompt_tokens=req.num_prompt_tokens)
+
     def free(self, rid: str) -> None:
         req = self.requests[rid]
         self.manager.free(req)

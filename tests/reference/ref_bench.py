@@ -1,16 +1,21 @@
 """Allocate/free-heavy cycles on the reference and on vLLM 0.33's KVCacheManager.
 
-Each cycle: lookup, allocate every scheduler-split prefill chunk, drain and release CoW copies,
-drain hand-offs, free, next step (the loop of ``vllm_cpu.md`` §4).
+Each cycle is ``benchmarks/core_workload.cycle``: lookup, every scheduler-split prefill chunk,
+drain hand-offs and copies, release retentions, finalize, free (the loop of ``vllm_cpu.md`` §4).
 ``python tests/reference/ref_bench.py`` prints cycles/s of both.
 """
 
 from __future__ import annotations
 
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
-from tailproof.conformance.trace import GroupConfig, TraceConfig
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: benchmarks/
+
+from benchmarks.core_workload import add_all, run  # noqa: E402
+from tailproof.conformance.trace import GroupConfig, TraceConfig  # noqa: E402
 
 
 def bench_config(mamba_block: int = 64, num_blocks: int = 1024) -> TraceConfig:
@@ -19,36 +24,14 @@ def bench_config(mamba_block: int = 64, num_blocks: int = 1024) -> TraceConfig:
         hash_block_size=16, num_blocks=num_blocks)
 
 
-def run_cycles(backend: Any, prompts: list[list[int]], drain_release: bool = True) -> float:
-    """Drive ``backend`` (a CoreBackend) through one cycle per prompt; return the seconds spent
-    outside ``add_request`` (request construction and hashing are timed separately by
-    neither: vLLM's ``Request`` carries sampling state the reference does not model)."""
-    for i, prompt in enumerate(prompts):
-        backend.add_request(f"r{i}", prompt, 4)
+def run_cycles(backend: Any, prompts: list[list[int]]) -> float:
+    """Drive ``backend`` (a CoreBackend) through the shared benchmark cycle
+    (``benchmarks/core_workload.py``) once per prompt; return the seconds spent outside
+    request construction and hashing (vLLM's ``Request`` carries sampling state the
+    reference does not model)."""
+    rids = add_all(backend, prompts)
     t0 = time.perf_counter()
-    for i in range(len(prompts)):
-        rid = f"r{i}"
-        hit, _ = backend.lookup(rid, None)
-        use_hit = True
-        while True:
-            v = backend.get(rid)
-            start = v.num_computed_tokens + (hit if use_hit else 0)
-            if start >= v.num_tokens:
-                break
-            n = backend.plan_chunk(rid, v.num_tokens - start, hit if use_hit else 0, 0)
-            new = backend.allocate(rid, n, use_hit=use_hit, external=0, delay_cache=False,
-                                   lookahead=0)
-            assert new is not None
-            backend.set_counters(rid, num_computed_tokens=backend.get(rid).num_computed_tokens
-                                 + n)
-            use_hit = False
-            _, retained = backend.drain_copies()
-            if drain_release and retained:
-                backend.release(retained)
-            backend.drain_offloads()
-            backend.new_step()
-        backend.free(rid)
-        backend.new_step()
+    run(backend, rids)
     return time.perf_counter() - t0
 
 
