@@ -86,7 +86,7 @@ def record(num_convs: int = 32, turns: int = 4) -> tuple[list[tuple], int, Any]:
     def matched(request: Any, n: int) -> Any:
         out = orig["get_num_new_matched_tokens"](request, n)
         spec = conn.scheduler_side.load_specs.get(request.request_id)
-        hit = spec.hit if spec is not None and out[0] else 0
+        hit = spec.kvpool_cached_tokens if spec is not None and out[0] else 0
         events.append(("match", _req(request), n, hit))
         return out
 
@@ -98,12 +98,12 @@ def record(num_convs: int = 32, turns: int = 4) -> tuple[list[tuple], int, Any]:
     def build(so: Any) -> Any:
         events.append(("build", _so(so)))
         meta = orig["build_connector_meta"](so)
-        real_jobs.append([j.job_id for j in meta.stores])
+        real_jobs.append([j.store_job_id for j in meta.stores])
         return meta
 
     def output(out: Any) -> Any:
         wm = out.kv_connector_worker_meta
-        events.append(("output", dict(wm.completed_jobs) if wm else {},
+        events.append(("output", dict(wm.completed_saves) if wm else {},
                        set(out.failed_recving or ())))
         return orig["update_connector_output"](out)
 
@@ -126,7 +126,7 @@ def record(num_convs: int = 32, turns: int = 4) -> tuple[list[tuple], int, Any]:
         for c, r in reqs.items():
             history[c] = list(r.all_token_ids) + [700 + t * 31 + c + j for j in range(29)]
     steps = sum(1 for ev in events if ev[0] == "build")
-    geom = conn.geom
+    geom = conn.geo
     e.shutdown()
     record.real_jobs = real_jobs  # type: ignore[attr-defined]
     return events, steps, geom
@@ -169,7 +169,7 @@ def tailproof_target(geom: Any, pool: Pool) -> tuple[Any, Any]:
     stub = SimpleNamespace(lookup=lambda n, h: LookupResult(hits.pop("next", 0),
                                                             (0,) * geom.num_groups))
     side = SchedulerSide(Settings(), geom, stub, 1)
-    side.bind_block_pool(pool)
+    side.bind_gpu_block_pool(pool)
 
     def play(ev: tuple) -> None:
         kind = ev[0]
@@ -179,9 +179,9 @@ def tailproof_target(geom: Any, pool: Pool) -> tuple[Any, Any]:
         elif kind == "alloc":
             side.update_state_after_alloc(ev[1], _Blocks(ev[2]), ev[3])
         elif kind == "build":
-            side.build_meta(ev[1])
+            side.build_connector_meta(ev[1])
         elif kind == "output":
-            side.update_connector_output(TailproofWorkerMeta(dict(ev[1])), ev[2])
+            side.update_connector_output(TailproofWorkerMeta(completed_saves=dict(ev[1])), ev[2])
         else:
             side.register_finished_partial_tail(ev[1], ev[2], ev[3])
 
@@ -216,7 +216,7 @@ def mooncake_target(geom: Any, pool: Pool) -> tuple[Any, Any]:
     s._store_group_ids = kvc.prefix_cacheable_group_ids
     s._store_group_id_by_kv_cache_group_id = {g: i for i, g in enumerate(s._store_group_ids)}
     s._block_size, s._hash_block_size = geom.lcm_block_size, H
-    s._boundary_state_group_ids = frozenset(geom.mamba_groups)
+    s._boundary_state_group_ids = frozenset(geom.mamba_group_ids)
     s._capacity_only = False
     s._store_coord = coord
     s.enable_partial_hash_hits = coord.enable_partial_hash_hits
@@ -277,7 +277,7 @@ def test_replay_is_equivalent(trace: tuple, name: str) -> None:
     _play_all(play, evs)
     assert steps > 50
     assert all(b.ref_cnt == 0 for b in pool.blocks)
-    pinned = target.pinned if name == "tailproof" else target._pinned_saves
+    pinned = target.pinned_saves if name == "tailproof" else target._pinned_saves
     assert pinned == {}
 
 

@@ -1,12 +1,17 @@
 """Start-up configuration of the Tailproof connector: parsed, validated, frozen.
 
+Semantics: ``tailproof.reference.connector.config`` (role flags, ``StoreGeometry``). Mirrors
+vLLM 0.33's ``MooncakeStoreScheduler.__init__`` / ``MooncakeStoreCoordinator.from_kv_cache_config``
+(block sizes from ``resolve_kv_cache_block_sizes``, partial hits from
+``cache_hit_alignment_tokens``, EAGLE groups from ``KVCacheGroupSpec.is_eagle_group``).
+
 Why: a misconfigured offload tier must fail when vLLM starts, with one clear message per
 problem, not silently serve wrong KV later. Two things are validated here:
 
 * ``kv_connector_extra_config`` (unknown keys rejected, types and ranges checked, store
   settings checked), parsed into :class:`Settings`;
 * the KV cache layout vLLM resolved (``KVCacheConfig`` + the engine's block sizes), reduced to
-  the plain-int :class:`Geometry` both connector roles compute with: h must divide every
+  the plain-int :class:`StoreGeometry` both connector roles compute with: h must divide every
   prefix-cacheable group's block size, Mamba groups must be in ``align`` mode, cross-attention
   is not offloadable.
 
@@ -49,8 +54,9 @@ class Settings:
     save_decode_cache: bool = False  # also save KV computed during decode (Mooncake's option)
 
     @property
-    def saves(self) -> bool:
-        """Whether this instance saves prefills and claims boundary hand-offs (a producer)."""
+    def is_producer(self) -> bool:
+        """Whether this instance saves prefills and claims boundary hand-offs
+        (``KVTransferConfig.is_kv_producer``)."""
         return self.kv_role in ("kv_producer", "kv_both")
 
     @property
@@ -59,13 +65,9 @@ class Settings:
 
     @property
     def can_put(self) -> bool:
-        """Whether workers write to the store at all (producers, or consumers saving decode)."""
-        return self.saves or self.save_decode_cache
-
-    @property
-    def loads(self) -> bool:
-        """Whether lookups run (any role: a producer may load a prefix it finds stored)."""
-        return self.enable_lookup
+        """Whether workers write to the store at all (``MooncakeStoreWorker.can_put``:
+        producers, or consumers saving decode)."""
+        return self.is_producer or self.save_decode_cache
 
 
 _SETTING_TYPES: dict[str, type | tuple[type, ...]] = {
@@ -144,7 +146,7 @@ def check_store_config(store_config: dict[str, Any]) -> list[str]:
 
 
 @dataclass(frozen=True)
-class Geometry:
+class StoreGeometry:
     """The block layout both roles compute with; indices are *store* group indices.
 
     A store group is a prefix-cacheable KV cache group (vLLM's ``prefix_cacheable_group_ids``),
@@ -158,7 +160,7 @@ class Geometry:
     lcm_block_size: int  # scheduler block size
     partial_hits: bool  # hits land on h (else on the lcm)
     use_eagle: bool  # EAGLE block drop (ck(P) one unit lower, FA proof margins)
-    eagle_groups: frozenset[int] = frozenset()  # store groups with an EAGLE proof margin
+    eagle_group_ids: frozenset[int] = frozenset()  # store groups with an EAGLE proof margin
     num_blocks: int = 0
 
     @property
@@ -167,7 +169,8 @@ class Geometry:
         return self.hash_block_size if self.partial_hits else self.lcm_block_size
 
     @property
-    def mamba_groups(self) -> frozenset[int]:
+    def mamba_group_ids(self) -> frozenset[int]:
+        """Store groups holding Mamba states (``_boundary_state_group_ids``)."""
         return frozenset(i for i, m in enumerate(self.is_mamba) if m)
 
     @property
@@ -181,9 +184,10 @@ class Geometry:
         except ValueError:
             return None
 
-    def proof_margin(self, store_group: int) -> int:
-        """EAGLE proof margin of a non-Mamba group (0 when it has none)."""
-        if store_group not in self.eagle_groups or self.is_mamba[store_group]:
+    def eagle_proof_margin(self, store_group: int) -> int:
+        """EAGLE proof margin of a non-Mamba group, 0 when it has none
+        (``MooncakeStoreCoordinator.eagle_proof_margin_by_group``)."""
+        if store_group not in self.eagle_group_ids or self.is_mamba[store_group]:
             return 0
         bs = self.block_sizes[store_group]
         fine = self.partial_hits
@@ -194,32 +198,32 @@ class Geometry:
         return n // self.alignment * self.alignment
 
 
-def check_geometry(geom: Geometry) -> list[str]:
+def check_geometry(geo: StoreGeometry) -> list[str]:
     """Problems with a resolved layout (empty when the connector can serve it)."""
     problems: list[str] = []
-    h = geom.hash_block_size
-    if not geom.block_sizes:
+    h = geo.hash_block_size
+    if not geo.block_sizes:
         problems.append("no prefix-cacheable KV cache group: nothing to offload")
     if h <= 0:
         problems.append(f"hash block size must be positive, got {h}")
         return problems
-    for i, bs in enumerate(geom.block_sizes):
+    for i, bs in enumerate(geo.block_sizes):
         if bs % h:
             problems.append(
                 f"hash block size h={h} does not divide block size {bs} of KV cache group "
-                f"{geom.core_group_ids[i]}; set --prefix-match-unit to a divisor of every "
+                f"{geo.core_group_ids[i]}; set --prefix-match-unit to a divisor of every "
                 "group's block size"
             )
-    if geom.block_sizes and geom.lcm_block_size != lcm_all(list(geom.block_sizes)):
+    if geo.block_sizes and geo.lcm_block_size != lcm_all(list(geo.block_sizes)):
         problems.append(
-            f"scheduler block size {geom.lcm_block_size} is not the lcm of the group block "
-            f"sizes {list(geom.block_sizes)}"
+            f"scheduler block size {geo.lcm_block_size} is not the lcm of the group block "
+            f"sizes {list(geo.block_sizes)}"
         )
     return problems
 
 
-def geometry_from_vllm(vllm_config: Any, kv_cache_config: Any) -> Geometry:
-    """Build and validate the :class:`Geometry` of a running engine; raise ConfigError."""
+def geometry_from_vllm(vllm_config: Any, kv_cache_config: Any) -> StoreGeometry:
+    """Build and validate the :class:`StoreGeometry` of a running engine; raise ConfigError."""
     from vllm.v1.core.kv_cache_utils import resolve_dcp_kv_block_size, resolve_kv_cache_block_sizes
     from vllm.v1.kv_cache_interface import CrossAttentionSpec, MambaSpec
 
@@ -247,10 +251,10 @@ def geometry_from_vllm(vllm_config: Any, kv_cache_config: Any) -> Geometry:
     spec_cfg = vllm_config.speculative_config
     use_eagle = bool(spec_cfg is not None and spec_cfg.use_eagle_block_drop())
     alignment = kv_cache_config.cache_hit_alignment_tokens
-    eagle_groups = {i for i, g in enumerate(groups) if g.is_eagle_group}
-    if use_eagle and not eagle_groups:
-        eagle_groups = set(range(len(groups)))  # as vLLM: flag every group conservatively
-    geom = Geometry(
+    eagle_group_ids = {i for i, g in enumerate(groups) if g.is_eagle_group}
+    if use_eagle and not eagle_group_ids:
+        eagle_group_ids = set(range(len(groups)))  # as vLLM: flag every group conservatively
+    geo = StoreGeometry(
         core_group_ids=ids,
         block_sizes=tuple(resolve_dcp_kv_block_size(g.kv_cache_spec, dcp) for g in groups),
         is_mamba=tuple(isinstance(g.kv_cache_spec, MambaSpec) for g in groups),
@@ -258,10 +262,10 @@ def geometry_from_vllm(vllm_config: Any, kv_cache_config: Any) -> Geometry:
         lcm_block_size=lcm,
         partial_hits=alignment is not None and alignment < lcm,
         use_eagle=use_eagle,
-        eagle_groups=frozenset(eagle_groups),
+        eagle_group_ids=frozenset(eagle_group_ids),
         num_blocks=kv_cache_config.num_blocks,
     )
-    problems += check_geometry(geom)
+    problems += check_geometry(geo)
     if problems:
         raise ConfigError(problems)
-    return geom
+    return geo

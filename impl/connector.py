@@ -1,5 +1,9 @@
 """``TailproofConnector``: the vLLM 0.33 KV connector users deploy.
 
+Semantics: ``tailproof.reference.connector`` (the package as a whole). Mirrors vLLM 0.33's
+``MooncakeStoreConnector`` (the ``KVConnectorBase_V1`` / ``SupportsHMA`` shell that dispatches
+to ``MooncakeStoreScheduler`` and ``MooncakeStoreWorker``).
+
 Load it with::
 
     --kv-transfer-config '{"kv_connector": "TailproofConnector",
@@ -36,8 +40,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.coordinator imp
 
 from tailproof.impl.config import (
     ConfigError,
-    Geometry,
     Settings,
+    StoreGeometry,
     geometry_from_vllm,
     parse_settings,
 )
@@ -86,18 +90,20 @@ def release_store(store: Store) -> None:
                 return
 
 
-def build_coordinator(geom: Geometry, kv_cache_config: Any, dcp: int) -> MooncakeStoreCoordinator:
+def build_coordinator(
+    geo: StoreGeometry, kv_cache_config: Any, dcp: int
+) -> MooncakeStoreCoordinator:
     """vLLM's mirror of the core hit search, over the stored groups (DCP-resolved)."""
     from vllm.v1.core.kv_cache_utils import resolve_dcp_kv_cache_spec
 
     groups = [
         replace(g, kv_cache_spec=resolve_dcp_kv_cache_spec(g.kv_cache_spec, dcp))
-        for g in (kv_cache_config.kv_cache_groups[i] for i in geom.core_group_ids)
+        for g in (kv_cache_config.kv_cache_groups[i] for i in geo.core_group_ids)
     ]
     return MooncakeStoreCoordinator(
-        groups, geom.lcm_block_size, geom.hash_block_size, use_eagle=geom.use_eagle,
+        groups, geo.lcm_block_size, geo.hash_block_size, use_eagle=geo.use_eagle,
         retention_interval=kv_cache_config.prefix_cache_retention_interval,
-        enable_partial_hash_hits=geom.partial_hits,
+        enable_partial_hash_hits=geo.partial_hits,
     )
 
 
@@ -120,13 +126,13 @@ class TailproofConnector(KVConnectorBase_V1, SupportsHMA):
             raise ValueError("TailproofConnector needs the KV cache config (vLLM >= 0.33)")
         tc = vllm_config.kv_transfer_config
         self.settings: Settings = parse_settings(tc.kv_connector_extra_config, tc.kv_role)
-        self.geom: Geometry = geometry_from_vllm(vllm_config, kv_cache_config)
+        self.geo: StoreGeometry = geometry_from_vllm(vllm_config, kv_cache_config)
         ns = self.settings.namespace
         if ns == "tailproof":
             ns = f"tailproof:{getattr(vllm_config.model_config, 'model', None) or 'model'}"
         # Engines whose blocks differ in shape must never read each other's values: the
         # geometry is part of every key (a mismatch is then a miss, not a size error).
-        geo_tag = "b" + "-".join(map(str, self.geom.block_sizes)) + f"h{self.geom.hash_block_size}"
+        geo_tag = "b" + "-".join(map(str, self.geo.block_sizes)) + f"h{self.geo.hash_block_size}"
         self.settings = _with_namespace(self.settings, f"{ns}:{geo_tag}")
         if not self.settings.load_async and len(kv_cache_config.kv_cache_groups) > 1:
             raise ConfigError([
@@ -141,9 +147,9 @@ class TailproofConnector(KVConnectorBase_V1, SupportsHMA):
                 f"store 'memory' lives in one process, but this engine runs {self.world} worker "
                 "processes (tensor/pipeline parallel); use \"store\": \"mooncake\""])
         dcp = par.decode_context_parallel_size
-        self.coord = build_coordinator(self.geom, kv_cache_config, dcp)
+        self.coord = build_coordinator(self.geo, kv_cache_config, dcp)
         # Per-group EAGLE flags as vLLM's store coordinator merges them (spec groups).
-        self.geom = replace(self.geom, eagle_groups=frozenset(self.coord.eagle_group_ids))
+        self.geo = replace(self.geo, eagle_group_ids=frozenset(self.coord.eagle_group_ids))
         store_config = dict(self.settings.store_config)
         if role == KVConnectorRole.SCHEDULER and store_config["backend"] == "mooncake":
             store_config["global_segment_size"] = 0  # lookups only: contribute no memory
@@ -151,17 +157,17 @@ class TailproofConnector(KVConnectorBase_V1, SupportsHMA):
         self.scheduler_side: SchedulerSide | None = None
         self.worker_side: WorkerSide | None = None
         if role == KVConnectorRole.SCHEDULER:
-            lookup = StoreLookup(self.geom, self.coord, self.store.exists,
+            lookup = StoreLookup(self.geo, self.coord, self.store.exists,
                                  self.settings.namespace, self.world)
-            self.scheduler_side = SchedulerSide(self.settings, self.geom, lookup,
+            self.scheduler_side = SchedulerSide(self.settings, self.geo, lookup,
                                                 self.world, SchedulerMetrics())
         else:
             rank = _rank(par)
             self.worker_side = WorkerSide(
-                self.settings, self.geom, self.store, rank, self.world, self.coord,
+                self.settings, self.geo, self.store, rank, self.world, self.coord,
                 WorkerMetrics())
         logger.info("TailproofConnector %s: store=%s geometry=%s", role.name,
-                    self.settings.store, self.geom)
+                    self.settings.store, self.geo)
 
     # ------------------------------------------------------------------ scheduler role
 
@@ -170,7 +176,7 @@ class TailproofConnector(KVConnectorBase_V1, SupportsHMA):
         return self.scheduler_side
 
     def bind_gpu_block_pool(self, gpu_block_pool: Any) -> None:
-        self._sched().bind_block_pool(gpu_block_pool)
+        self._sched().bind_gpu_block_pool(gpu_block_pool)
 
     def get_num_new_matched_tokens(
         self, request: Any, num_computed_tokens: int
@@ -181,7 +187,7 @@ class TailproofConnector(KVConnectorBase_V1, SupportsHMA):
         self._sched().update_state_after_alloc(request, blocks, num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
-        return self._sched().build_meta(scheduler_output)
+        return self._sched().build_connector_meta(scheduler_output)
 
     def update_connector_output(self, connector_output: Any) -> None:
         self._sched().update_connector_output(
@@ -225,7 +231,7 @@ class TailproofConnector(KVConnectorBase_V1, SupportsHMA):
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         groups = [self._kv_cache_config.kv_cache_groups[g].layer_names
-                  for g in self.geom.core_group_ids]
+                  for g in self.geo.core_group_ids]
         self._worker().register_kv_caches(kv_caches, groups)
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
@@ -257,7 +263,7 @@ class TailproofConnector(KVConnectorBase_V1, SupportsHMA):
         return self._worker().take_load_error_blocks()
 
     def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:
-        return self._worker().build_worker_meta()
+        return self._worker().build_connector_worker_meta()
 
     def shutdown(self) -> None:
         if self.worker_side is not None:

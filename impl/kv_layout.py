@@ -1,5 +1,9 @@
 """Where a KV cache block's bytes live, and how to copy whole blocks out of / into them.
 
+Semantics: none in the reference (it models keys, not bytes; the ``impl`` adapter checks the
+bytes). Mirrors vLLM 0.33's ``ChunkedTokenDatabase`` / ``RankLocalStoreLayout``
+(``register_kv_caches``, ``prepare_value_for_block``).
+
 Why: a store value is "every byte of one block of one group on this rank": the concatenation,
 over the group's layers and each layer's tensors (K/V, or a Mamba layer's conv and SSM states),
 of that block's slice. vLLM hands the connector ``{layer_name: tensor or [tensors]}`` in layouts

@@ -1,5 +1,8 @@
 """Connector telemetry: counters per role, vLLM ``KVConnectorStats`` and Prometheus metrics.
 
+Semantics: none in the reference (observability only; no behaviour depends on it). Mirrors vLLM
+0.33's ``MooncakeStoreConnectorStats`` / ``MooncakeStorePromMetrics``.
+
 Why: an offload tier that silently stops hitting (store full, master down, sub-block tails never
 published) looks exactly like a healthy one from the outside. The counters split hits by
 granularity (whole lcm blocks vs sub-block tails, the part this project exists for), count every

@@ -1,6 +1,8 @@
 """Scheduler role: lookups, load specs, store jobs, pins.
 
-Semantics are those of vLLM 0.33's ``MooncakeStoreScheduler`` (the peer this was learnt from),
+Semantics: ``tailproof.reference.connector.scheduler`` (and ``.meta``, ``.tail``). Mirrors vLLM
+0.33's ``MooncakeStoreScheduler`` (``get_num_new_matched_tokens``, ``update_state_after_alloc``,
+``build_connector_meta``, ``register_finished_partial_tail``, ``update_connector_output``),
 restated over plain ints and the boundary arithmetic of ``tailproof.spec.arithmetic``:
 
 * lookups report hash-aligned hits (``lookup.StoreLookup``); loads are asynchronous so a failed
@@ -25,9 +27,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from tailproof.impl.config import Geometry, Settings
+from tailproof.impl.config import Settings, StoreGeometry
 from tailproof.impl.lookup import StoreLookup
-from tailproof.impl.meta import BoundaryPut, LoadJob, StoreJob, TailproofMeta, TailproofWorkerMeta
+from tailproof.impl.meta import (
+    BoundaryPut,
+    LoadJob,
+    StoreJob,
+    TailKeyBoundary,
+    TailproofMeta,
+    TailproofWorkerMeta,
+)
 from tailproof.impl.metrics import SchedulerMetrics
 from tailproof.spec.arithmetic import checkpoint_position, tail_put_range
 
@@ -36,46 +45,56 @@ logger = logging.getLogger(__name__)
 NULL_BLOCK_ID = 0
 
 
-@dataclass
+@dataclass(kw_only=True)
 class LoadSpec:
-    """A pending external hit: ``local`` tokens computed locally, ``hit`` in the store."""
+    """A pending external hit (``data.LoadSpec``): ``vllm_cached_tokens`` computed locally,
+    ``kvpool_cached_tokens`` in the store."""
 
-    local: int
-    hit: int
-    tail_keys: tuple[int, ...]
+    vllm_cached_tokens: int
+    kvpool_cached_tokens: int
     can_load: bool = False
+    tail_key_boundaries: tuple[TailKeyBoundary, ...] = ()
 
 
-@dataclass
-class Tracker:
-    """Per running request: what has been computed and saved (reset on preemption)."""
+@dataclass(kw_only=True)
+class RequestTracker:
+    """Per running request: what has been computed and saved (``data.RequestTracker``)."""
 
+    req_id: str
     token_len: int
-    block_ids: tuple[list[int], ...]  # append-only mirror (used for offload-only jobs)
-    prefill_end: int  # prompt length, or prompt + outputs for a resumed request
-    num_saved: int = 0
-    tail_sent: bool = False
+    allocated_block_ids: tuple[list[int], ...]  # append-only mirror (offload-only jobs)
+    prefill_end_tokens: int = 0  # prompt length, or prompt + outputs for a resumed request
+    num_saved_tokens: int = 0
+    partial_tail_sent: bool = False
+
+    def reset(self) -> None:
+        """``RequestTracker.reset`` on preemption: everything zeroed."""
+        self.token_len = 0
+        self.allocated_block_ids = ()
+        self.num_saved_tokens = 0
+        self.prefill_end_tokens = 0
+        self.partial_tail_sent = False
 
 
 class SchedulerSide:
     """The connector's scheduler role (one per engine)."""
 
     def __init__(
-        self, settings: Settings, geom: Geometry, lookup: StoreLookup | None,
+        self, settings: Settings, geo: StoreGeometry, lookup: StoreLookup | None,
         num_workers: int, metrics: SchedulerMetrics | None = None,
     ):
         self.settings = settings
-        self.geom = geom
+        self.geo = geo
         self.lookup_client = lookup
         self.num_workers = num_workers
         self.metrics = metrics or SchedulerMetrics()
         self.pool: Any = None
-        self.next_job_id = 0
-        self.pinned: dict[int, tuple[list[int], int]] = {}  # job -> (block ids, ranks left)
+        self.next_store_job_id = 0
+        self.pinned_saves: dict[int, tuple[list[int], int]] = {}  # job -> (block ids, ranks left)
         self.load_specs: dict[str, LoadSpec] = {}
-        self.trackers: dict[str, Tracker] = {}
-        self.unfinished: dict[str, tuple[Any, tuple[list[int], ...]]] = {}
-        self.finished_tails: dict[str, StoreJob] = {}
+        self.request_trackers: dict[str, RequestTracker] = {}
+        self.unfinished_requests: dict[str, tuple[Any, tuple[list[int], ...]]] = {}
+        self.finished_partial_tails: dict[str, StoreJob] = {}
         # Requests whose load failed: recomputed, never offered the store again (else a store
         # that answers `exists` but fails `get` would make vLLM retry the load forever).
         self.load_failed: set[str] = set()
@@ -84,14 +103,14 @@ class SchedulerSide:
 
     # ------------------------------------------------------------------ lookup / alloc
 
-    def bind_block_pool(self, pool: Any) -> None:
+    def bind_gpu_block_pool(self, pool: Any) -> None:
         self.pool = pool
 
     def get_num_new_matched_tokens(self, request: Any, num_computed: int) -> tuple[int, bool]:
         """External tokens beyond the (block-aligned) local hit, and whether the load is async."""
-        if not self.settings.loads or self.lookup_client is None:
+        if not self.settings.enable_lookup or self.lookup_client is None:
             return 0, False
-        if request.num_tokens < self.geom.alignment or request.request_id in self.load_failed:
+        if request.num_tokens < self.geo.alignment or request.request_id in self.load_failed:
             return 0, False
         try:
             res = self.lookup_client.lookup(request.num_tokens, request.block_hashes)
@@ -100,49 +119,52 @@ class SchedulerSide:
                              request.request_id)
             self.metrics.lookup_errors += 1
             return 0, False
-        self.metrics.record_lookup(request.num_tokens, res.hit_tokens, self.geom.lcm_block_size)
-        need = res.hit_tokens - num_computed
+        self.metrics.record_lookup(request.num_tokens, res.hit_length, self.geo.lcm_block_size)
+        need = res.hit_length - num_computed
         if need <= 0:
             return 0, False
-        self.load_specs[request.request_id] = LoadSpec(num_computed, res.hit_tokens, res.tail_keys)
+        self.load_specs[request.request_id] = LoadSpec(
+            vllm_cached_tokens=num_computed, kvpool_cached_tokens=res.hit_length,
+            tail_key_boundaries=res.tail_key_boundaries)
         return need, self.settings.load_async
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external: int) -> None:
         rid = request.request_id
         ids: tuple[list[int], ...] = ()
         if num_external > 0:
-            ids = tuple(blocks.get_block_ids(group_ids=self.geom.core_group_ids))
-        self.unfinished[rid] = (request, ids)
+            ids = tuple(blocks.get_block_ids(group_ids=self.geo.core_group_ids))
+        self.unfinished_requests[rid] = (request, ids)
         spec = self.load_specs.get(rid)
         if spec is None:
             return
         if num_external == 0:
             spec.can_load = False
             return
-        if num_external != spec.hit - spec.local:
+        if num_external != spec.kvpool_cached_tokens - spec.vllm_cached_tokens:
             raise AssertionError(
                 f"{rid}: scheduler adopted {num_external} external tokens, lookup offered "
-                f"{spec.hit} - {spec.local}"
+                f"{spec.kvpool_cached_tokens} - {spec.vllm_cached_tokens}"
             )
         spec.can_load = True
 
     # ------------------------------------------------------------------ per-step meta
 
-    def build_meta(self, so: Any) -> TailproofMeta:
+    def build_connector_meta(self, so: Any) -> TailproofMeta:
         """Turn one ``SchedulerOutput`` into the workers' loads and pinned store jobs."""
         consumer = self.settings.is_consumer
         for rid in so.finished_req_ids:
             self.load_failed.discard(rid)
             self.load_specs.pop(rid, None)
-            self.trackers.pop(rid, None)
-            self.unfinished.pop(rid, None)
+            self.request_trackers.pop(rid, None)
+            self.unfinished_requests.pop(rid, None)
         preempted = set(so.preempted_req_ids or ())
         for rid in preempted:
             self.load_specs.pop(rid, None)
-            if rid in self.trackers:
-                self.trackers[rid] = Tracker(0, (), 0)  # Mooncake's tracker.reset()
-            self.unfinished.pop(rid, None)
-        meta = TailproofMeta(preempted=preempted, finished=set(so.finished_req_ids))
+            if (t := self.request_trackers.get(rid)) is not None:
+                t.reset()
+            self.unfinished_requests.pop(rid, None)
+        meta = TailproofMeta(preempted_req_ids=preempted,
+                             finished_req_ids=set(so.finished_req_ids))
         pending: list[StoreJob] = []
         scheduled_new = {r.req_id for r in so.scheduled_new_reqs}
         for nr in so.scheduled_new_reqs:
@@ -150,25 +172,25 @@ class SchedulerSide:
         cached = so.scheduled_cached_reqs
         if not consumer or self.settings.save_decode_cache:
             skip_decode = not self.settings.save_decode_cache
-            trackers, resumed, computed = (self.trackers, cached.resumed_req_ids,
+            trackers, resumed, computed = (self.request_trackers, cached.resumed_req_ids,
                                            cached.num_computed_tokens)
             for i, rid in enumerate(cached.req_ids):
-                if skip_decode and rid not in resumed and computed[i] >= trackers[rid].prefill_end:
+                if (skip_decode and rid not in resumed
+                        and computed[i] >= trackers[rid].prefill_end_tokens):
                     continue  # decode step: nothing to save (the common case, kept cheap)
                 self._cached_request(cached, i, rid, so, pending, meta)
         scheduled = scheduled_new.union(cached.req_ids)
-        for rid, (req, ids) in self.unfinished.items():
+        for rid, (req, ids) in self.unfinished_requests.items():
             if rid in scheduled or rid not in self.load_specs:
                 continue
             spec = self.load_specs.pop(rid)
             if spec is None or not spec.can_load:
                 continue
-            meta.loads.append(LoadJob(rid, ids, list(req.block_hashes), spec.local, spec.hit,
-                                      spec.tail_keys))
+            meta.loads.append(self._load_job(rid, ids, req, spec, is_async=True))
             self.metrics.loads_emitted += 1
         state = getattr(so, "kv_connector_block_state", None)
         if not consumer and state is not None and state.boundary_state_offloads:
-            self._attach_offloads(state.boundary_state_offloads, pending)
+            self._handle_boundary_state_offloads(state.boundary_state_offloads, pending)
         if pending:
             if state is None:
                 raise AssertionError("store jobs need SchedulerOutput.kv_connector_block_state")
@@ -176,9 +198,9 @@ class SchedulerSide:
                 table = state.get_block_ids(s.req_id)
                 if table is None:
                     raise AssertionError(f"no current block table for store request {s.req_id}")
-                s.block_ids = tuple(list(table[g]) for g in self.geom.core_group_ids)
-        pending.extend(self.finished_tails.values())
-        self.finished_tails.clear()
+                s.block_ids = tuple(list(table[g]) for g in self.geo.core_group_ids)
+        pending.extend(self.finished_partial_tails.values())
+        self.finished_partial_tails.clear()
         for s in pending:
             meta.stores.append(self._pin(s))
         return meta
@@ -187,50 +209,60 @@ class SchedulerSide:
                      meta: TailproofMeta) -> None:
         rid = nr.req_id
         spec = self.load_specs.pop(rid, None)
-        req = self.unfinished[rid][0]
+        req = self.unfinished_requests[rid][0]
         prefill = nr.prefill_token_ids if nr.prefill_token_ids is not None else nr.prompt_token_ids
-        t = Tracker(
+        t = RequestTracker(
+            req_id=rid,
             token_len=nr.num_computed_tokens + so.num_scheduled_tokens[rid],
-            block_ids=tuple(list(nr.block_ids[g]) for g in self.geom.core_group_ids),
-            prefill_end=len(prefill),
+            allocated_block_ids=tuple(list(nr.block_ids[g]) for g in self.geo.core_group_ids),
+            prefill_end_tokens=len(prefill),
         )
-        self.trackers[rid] = t
+        self.request_trackers[rid] = t
         loading = spec is not None and spec.can_load
         if loading:
-            self._sync_load(meta, rid, req, t.block_ids, spec)
+            self._sync_load(meta, rid, req, t.allocated_block_ids, spec)
         self._maybe_save(t, req, pending, skip=not saves or loading)
 
     def _sync_load(self, meta: TailproofMeta, rid: str, req: Any,
                    ids: tuple[list[int], ...], spec: LoadSpec | None) -> None:
         """A load feeding this step's forward (``load_async`` off)."""
         assert spec is not None
-        meta.loads.append(LoadJob(rid, tuple(list(g) for g in ids), list(req.block_hashes),
-                                  spec.local, spec.hit, spec.tail_keys, is_async=False))
+        meta.loads.append(self._load_job(rid, tuple(list(g) for g in ids), req, spec,
+                                         is_async=False))
         self.metrics.loads_emitted += 1
+
+    @staticmethod
+    def _load_job(rid: str, ids: tuple[list[int], ...], req: Any, spec: LoadSpec,
+                  is_async: bool) -> LoadJob:
+        return LoadJob(req_id=rid, block_ids=ids, block_hashes=list(req.block_hashes),
+                       vllm_cached_tokens=spec.vllm_cached_tokens,
+                       kvpool_cached_tokens=spec.kvpool_cached_tokens,
+                       tail_key_boundaries=spec.tail_key_boundaries, is_async=is_async)
 
     def _cached_request(self, cached: Any, i: int, rid: str, so: Any, pending: list[StoreJob],
                         meta: TailproofMeta) -> None:
         resumed = rid in cached.resumed_req_ids
         if not resumed:
-            t = self.trackers[rid]
-            decode = cached.num_computed_tokens[i] >= t.prefill_end
+            t = self.request_trackers[rid]
+            decode = cached.num_computed_tokens[i] >= t.prefill_end_tokens
             if decode and not self.settings.save_decode_cache:
                 return  # decode: KV past the prefill is not saved (the common, cheap path)
         new_ids = cached.new_block_ids[i]
         if new_ids:
-            new_ids = tuple(list(new_ids[g]) for g in self.geom.core_group_ids)
-        ent = self.unfinished.get(rid)
+            new_ids = tuple(list(new_ids[g]) for g in self.geo.core_group_ids)
+        ent = self.unfinished_requests.get(rid)
         req = ent[0] if ent is not None else None
         if resumed:
             if not new_ids or req is None:
                 return
             spec = self.load_specs.pop(rid, None)
-            t = Tracker(
+            t = RequestTracker(
+                req_id=rid,
                 token_len=req.num_computed_tokens + so.num_scheduled_tokens[rid],
-                block_ids=new_ids,
-                prefill_end=len(req.all_token_ids),
+                allocated_block_ids=new_ids,
+                prefill_end_tokens=len(req.all_token_ids),
             )
-            self.trackers[rid] = t
+            self.request_trackers[rid] = t
             loading = spec is not None and spec.can_load
             if loading:
                 self._sync_load(meta, rid, req, new_ids, spec)
@@ -242,97 +274,101 @@ class SchedulerSide:
         avail = len(req.all_token_ids) - t.token_len
         t.token_len += max(0, min(so.num_scheduled_tokens[rid], avail))
         if new_ids:
-            for mirror, extra in zip(t.block_ids, new_ids, strict=True):
+            for mirror, extra in zip(t.allocated_block_ids, new_ids, strict=True):
                 mirror.extend(extra)
         if self.settings.is_consumer and not decode:
             return  # a consumer saves decode KV only
         self._maybe_save(t, req, pending, skip=False)
 
-    def _maybe_save(self, t: Tracker, req: Any, pending: list[StoreJob], skip: bool) -> None:
+    def _maybe_save(self, t: RequestTracker, req: Any, pending: list[StoreJob], skip: bool) -> None:
         """Mooncake's ``ReqMeta.from_request_tracker`` save decision."""
-        lcm = self.geom.lcm_block_size
+        lcm = self.geo.lcm_block_size
         to_save = t.token_len // lcm * lcm
-        boundary = -(-(t.num_saved + 1) // lcm) * lcm  # cdiv on ints (hot path)
+        boundary = -(-(t.num_saved_tokens + 1) // lcm) * lcm  # cdiv on ints (hot path)
         prompt = req.num_prompt_tokens
-        publish = self.geom.partial_hits and not t.tail_sent and 0 < prompt <= t.token_len
+        publish = self.geo.partial_hits and not t.partial_tail_sent and 0 < prompt <= t.token_len
         if skip or (to_save < boundary and not publish):
             return
-        start, t.num_saved = t.num_saved, to_save
-        t.tail_sent |= publish
-        pending.append(StoreJob(None, req.request_id, to_save, t.block_ids, req.block_hashes,
-                                [], start, publish, t.token_len, prompt))
+        start, t.num_saved_tokens = t.num_saved_tokens, to_save
+        t.partial_tail_sent |= publish
+        pending.append(StoreJob(
+            req_id=req.request_id, token_len_chunk=to_save, block_ids=t.allocated_block_ids,
+            block_hashes=req.block_hashes, token_ids_start=start, publish_partial_tail=publish,
+            completed_token_len=t.token_len, num_prompt_tokens=prompt))
 
-    def _attach_offloads(
+    def _handle_boundary_state_offloads(
         self, offloads: dict[str, list[tuple[int, int, int]]], pending: list[StoreJob]
     ) -> None:
         """Claim the core's exact Mamba boundary states for this step's store jobs."""
         by_req = {s.req_id: s for s in pending}
         for rid, entries in offloads.items():
-            t = self.trackers.get(rid)
-            ent = self.unfinished.get(rid)
+            t = self.request_trackers.get(rid)
+            ent = self.unfinished_requests.get(rid)
             if t is None or ent is None:
                 self.metrics.offloads_dropped += len(entries)
                 continue
-            accepted = self._accept(entries, t.prefill_end)
+            accepted = self._accept(entries, t.prefill_end_tokens)
             if not accepted:
                 continue
             if (s := by_req.get(rid)) is not None:
                 s.boundary_puts = accepted
                 continue
             req = ent[0]
-            s = StoreJob(None, rid, 0, t.block_ids, req.block_hashes, accepted,
-                         completed=t.token_len, num_prompt_tokens=req.num_prompt_tokens)
+            s = StoreJob(req_id=rid, token_len_chunk=0, block_ids=t.allocated_block_ids,
+                         block_hashes=req.block_hashes, boundary_puts=accepted,
+                         completed_token_len=t.token_len,
+                         num_prompt_tokens=req.num_prompt_tokens)
             pending.append(s)
             by_req[rid] = s
 
     def _accept(
-        self, entries: Iterable[tuple[int, int, int]], prefill_end: int
+        self, entries: Iterable[tuple[int, int, int]], prefill_end_tokens: int
     ) -> list[BoundaryPut]:
         out: list[BoundaryPut] = []
         for core_group, block_id, boundary in entries:
-            g = self.geom.store_index(core_group)
-            if boundary > prefill_end or block_id == NULL_BLOCK_ID or g is None:
+            g = self.geo.store_index(core_group)
+            if boundary > prefill_end_tokens or block_id == NULL_BLOCK_ID or g is None:
                 self.metrics.offloads_dropped += 1
                 continue
-            if not self.geom.is_mamba[g]:
+            if not self.geo.is_mamba[g]:
                 self.metrics.offloads_dropped += 1
                 continue
             out.append(BoundaryPut(g, block_id, boundary))
         return out
 
-    def tail_puts(self, s: StoreJob) -> list[BoundaryPut]:
+    def partial_tail_puts(self, s: StoreJob) -> list[BoundaryPut]:
         """Attention blocks of the prompt's partial tail (Mooncake's
         ``_partial_tail_non_mamba_puts``): ``[floor(ck, lcm), ck + margin)`` per group."""
-        if not s.publish and not s.boundary_puts:
+        if not s.publish_partial_tail and not s.boundary_puts:
             return []  # a plain normal save (the common case)
-        geom = self.geom
-        h = geom.hash_block_size
+        geo = self.geo
+        h = geo.hash_block_size
         mamba_tails = [
             p.num_tokens for p in s.boundary_puts
-            if geom.is_mamba[p.group] and p.num_tokens % geom.block_sizes[p.group]
+            if geo.is_mamba[p.group_id] and p.num_tokens % geo.block_sizes[p.group_id]
         ]
-        if not mamba_tails and not s.publish:
+        if not mamba_tails and not s.publish_partial_tail:
             return []
         boundary = self._ck.get(s.num_prompt_tokens)
         if boundary is None:
-            boundary = int(checkpoint_position(s.num_prompt_tokens, h, geom.use_eagle))
+            boundary = int(checkpoint_position(s.num_prompt_tokens, h, geo.use_eagle))
             self._ck[s.num_prompt_tokens] = boundary
-        if not s.publish and boundary not in mamba_tails:
+        if not s.publish_partial_tail and boundary not in mamba_tails:
             return []
         if boundary == 0 or boundary // h > len(s.block_hashes):
             return []
         puts: list[BoundaryPut] = []
-        for g, bs in enumerate(geom.block_sizes):
-            if geom.is_mamba[g]:
+        for g, bs in enumerate(geo.block_sizes):
+            if geo.is_mamba[g]:
                 continue
-            proof_end = boundary + geom.proof_margin(g)
-            if proof_end > s.completed or proof_end // h > len(s.block_hashes):
+            proof_end = boundary + geo.eagle_proof_margin(g)
+            if proof_end > s.completed_token_len or proof_end // h > len(s.block_hashes):
                 continue
             key = (boundary, g)
             rng = self._tail_ranges.get(key)
             if rng is None:
                 rng = self._tail_ranges[key] = tail_put_range(
-                    boundary, geom.lcm_block_size, bs, geom.proof_margin(g))
+                    boundary, geo.lcm_block_size, bs, geo.eagle_proof_margin(g))
             first, end = rng
             table = s.block_ids[g]
             for idx in range(first, end):
@@ -345,32 +381,32 @@ class SchedulerSide:
 
     def _pin(self, s: StoreJob) -> StoreJob:
         """Assign a job id and take one GPU reference per distinct block the job may read."""
-        if s.job_id is None:
-            if tail := self.tail_puts(s):
+        if s.store_job_id is None:
+            if tail := self.partial_tail_puts(s):
                 s.boundary_puts = [*tail, *s.boundary_puts]
             ids = dict.fromkeys(p.block_id for p in s.boundary_puts)
             if NULL_BLOCK_ID in ids:
                 raise AssertionError("a null block can never back a boundary put")
-            if s.token_len:
+            if s.token_len_chunk:
                 # A rank resumes from its own saved offset: pin every stored non-Mamba block.
-                mamba = self.geom.is_mamba
+                mamba = self.geo.is_mamba
                 for g, table in enumerate(s.block_ids):
                     if not mamba[g]:
                         ids.update(dict.fromkeys(table))
                 ids.pop(NULL_BLOCK_ID, None)  # null table entries are never read
-            s.job_id = self._take_pins(list(ids))
+            s.store_job_id = self._take_pins(list(ids))
         return s
 
     def _take_pins(self, ids: list[int]) -> int:
         """A new job id pinning ``ids`` (distinct, non-null) until every worker reported."""
         if NULL_BLOCK_ID in ids:
             raise AssertionError("a null block can never back a store job")
-        job = self.next_job_id
-        self.next_job_id += 1
+        job = self.next_store_job_id
+        self.next_store_job_id += 1
         if ids:
             if self.pool is None:
                 raise AssertionError("GPU block pool must be bound before a store job")
-            self.pinned[job] = (ids, self.num_workers)
+            self.pinned_saves[job] = (ids, self.num_workers)
             blocks = self.pool.blocks
             self.pool.touch([blocks[b] for b in ids])
             self.metrics.pinned_blocks += len(ids)
@@ -381,36 +417,38 @@ class SchedulerSide:
 
     def register_finished_partial_tail(
         self, request: Any, block_ids: tuple[list[int], ...],
-        offloads: list[tuple[int, int, int]],
+        partial_tail_offloads: list[tuple[int, int, int]],
     ) -> bool:
         """Pin a finishing request's tail source now (while it still owns the blocks) and
         emit its store job with the next metadata. Never delays the request's free."""
-        if self.settings.is_consumer or not offloads:
+        if self.settings.is_consumer or not partial_tail_offloads:
             return False
         rid = request.request_id
-        t = self.trackers.get(rid)
+        t = self.request_trackers.get(rid)
         if t is None or not any(block_ids):
             return False
-        boundaries = {b for _, _, b in offloads}
+        boundaries = {b for _, _, b in partial_tail_offloads}
         if len(boundaries) != 1:
             raise ValueError("partial-tail offloads of one request must share a boundary")
         boundary = next(iter(boundaries))
-        if boundary > t.prefill_end:
+        if boundary > t.prefill_end_tokens:
             return False
         mamba: list[BoundaryPut] = []
-        for core_group, block_id, b in offloads:
-            g = self.geom.store_index(core_group)
-            if g is None or not self.geom.is_mamba[g] or block_id == NULL_BLOCK_ID:
+        for core_group, block_id, b in partial_tail_offloads:
+            g = self.geo.store_index(core_group)
+            if g is None or not self.geo.is_mamba[g] or block_id == NULL_BLOCK_ID:
                 return False
             mamba.append(BoundaryPut(g, block_id, b))
-        s = StoreJob(None, rid, 0, tuple(list(block_ids[g]) for g in self.geom.core_group_ids),
-                     list(request.block_hashes), mamba, completed=request.num_computed_tokens,
+        s = StoreJob(req_id=rid, token_len_chunk=0,
+                     block_ids=tuple(list(block_ids[g]) for g in self.geo.core_group_ids),
+                     block_hashes=list(request.block_hashes), boundary_puts=mamba,
+                     completed_token_len=request.num_computed_tokens,
                      num_prompt_tokens=request.num_prompt_tokens)
-        s.boundary_puts = [*self.tail_puts(s), *mamba]
-        if rid in self.finished_tails:
+        s.boundary_puts = [*self.partial_tail_puts(s), *mamba]
+        if rid in self.finished_partial_tails:
             raise AssertionError(f"{rid}: second finish-time hand-off")
-        s.job_id = self._take_pins(list(dict.fromkeys(p.block_id for p in s.boundary_puts)))
-        self.finished_tails[rid] = s
+        s.store_job_id = self._take_pins(list(dict.fromkeys(p.block_id for p in s.boundary_puts)))
+        self.finished_partial_tails[rid] = s
         return False
 
     def update_connector_output(self, worker_meta: Any, failed_recving: Iterable[str] = ()) -> None:
@@ -419,24 +457,24 @@ class SchedulerSide:
         self.load_failed.update(failed_recving)
         if not isinstance(worker_meta, TailproofWorkerMeta):
             return
-        for job, count in worker_meta.completed_jobs.items():
-            entry = self.pinned.get(job)
+        for job, count in worker_meta.completed_saves.items():
+            entry = self.pinned_saves.get(job)
             if entry is None:
                 continue  # a job that pinned nothing
             ids, left = entry
             left -= count
             if left > 0:
-                self.pinned[job] = (ids, left)
+                self.pinned_saves[job] = (ids, left)
                 continue
             if left < 0:
                 raise AssertionError(f"store job {job} reported by too many workers")
-            del self.pinned[job]
+            del self.pinned_saves[job]
             self.pool.free_blocks(self.pool.blocks[b] for b in reversed(ids))
             self.metrics.pinned_blocks -= len(ids)
 
     def has_pending_push_work(self) -> bool:
         """Keep the engine stepping while a store job still holds block references."""
-        return bool(self.pinned)
+        return bool(self.pinned_saves)
 
     def reset(self) -> None:
         """Forget pending loads (the store is being emptied); pins stay with their jobs."""

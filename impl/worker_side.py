@@ -1,7 +1,9 @@
 """Worker role: execute one step's loads and store jobs against the KV cache tensors.
 
-Semantics follow vLLM 0.33's Mooncake store worker (``_handle_request`` of its sending and
-receiving threads), executed synchronously inside the step:
+Semantics: ``tailproof.reference.connector.worker`` (store jobs; loads have no reference model,
+their bytes are checked by the ``impl`` adapter). Mirrors vLLM 0.33's ``MooncakeStoreWorker``
+(``KVCacheStoreSendingThread._handle_request``, ``KVCacheStoreRecvingThread._handle_request``,
+``_close_ended_store_requests``), executed synchronously inside the step:
 
 * loads (``start_load_kv``): get every needed key into a staging buffer; only when *all* keys
   of a request arrived intact (``Outcome.ok``) are they scattered into the request's blocks.
@@ -30,7 +32,7 @@ from typing import Any
 
 import torch
 
-from tailproof.impl.config import Geometry, Settings
+from tailproof.impl.config import Settings, StoreGeometry
 from tailproof.impl.kv_layout import KVLayout
 from tailproof.impl.meta import LoadJob, StoreJob, TailproofMeta, TailproofWorkerMeta, store_key
 from tailproof.impl.metrics import WorkerMetrics
@@ -46,30 +48,26 @@ class PressureGate:
     """Mooncake's store-pressure state machine (invariant: skip set non-empty => active)."""
 
     def __init__(self) -> None:
-        self.active = False
-        self.skip: set[str] = set()
+        self.store_pressure_active = False
+        self.skip_store_requests: set[str] = set()
 
     def should_skip(self, req_id: str) -> bool:
-        return self.active and req_id in self.skip
-
-    def mark(self, req_id: str) -> None:
-        self.active = True
-        self.skip.add(req_id)
+        return self.store_pressure_active and req_id in self.skip_store_requests
 
     def clear(self) -> None:
-        self.active = False
-        self.skip.clear()
+        self.store_pressure_active = False
+        self.skip_store_requests.clear()
 
 
 class WorkerSide:
     """The connector's worker role (one per GPU worker / tensor-parallel rank)."""
 
     def __init__(
-        self, settings: Settings, geom: Geometry, store: Store, rank: int, world: int,
+        self, settings: Settings, geo: StoreGeometry, store: Store, rank: int, world: int,
         coord: Any = None, metrics: WorkerMetrics | None = None,
     ):
         self.settings = settings
-        self.geom = geom
+        self.geo = geo
         self.store = store
         self.rank = rank
         self.world = world
@@ -80,9 +78,9 @@ class WorkerSide:
         self.gate = PressureGate()
         self.saved_offset: dict[str, int] = {}  # per-rank normal-save resume point
         self.queue: deque[StoreJob] = deque()
-        self.ledger: dict[str, set[int]] = {}  # live store jobs per request
-        self.finishing: set[str] = set()  # finished requests whose jobs are still queued
-        self.completed: dict[int, int] = {}
+        self.stored_requests: dict[str, set[int]] = {}  # live store jobs per request
+        self.finished_store_req: set[str] = set()  # finished requests whose jobs are still queued
+        self.completed_saves: dict[int, int] = {}
         self.finished_recving: set[str] = set()
         self.failed_recving: set[str] = set()
         self.load_error_blocks: set[int] = set()
@@ -93,7 +91,7 @@ class WorkerSide:
         self, kv_caches: dict[str, Any], layer_groups: Sequence[Sequence[str]]
     ) -> None:
         """Index the KV tensors per store group and allocate the staging buffer."""
-        self.layout = KVLayout(kv_caches, layer_groups, self.geom.num_blocks)
+        self.layout = KVLayout(kv_caches, layer_groups, self.geo.num_blocks)
         need = max([0, *self.layout.block_nbytes])
         size = max(self.settings.staging_buffer_bytes, need)
         pin = self.layout.device.type == "cuda"
@@ -140,27 +138,28 @@ class WorkerSide:
     def _target_blocks(self, job: LoadJob) -> list[int]:
         """The request's blocks the load would fill (its private, freshly allocated blocks past
         the block-aligned local hit): reported by id when a synchronous load fails."""
-        start = job.local_tokens // self.geom.lcm_block_size * self.geom.lcm_block_size
-        return [b for g, bs in enumerate(self.geom.block_sizes)
+        start = job.vllm_cached_tokens // self.geo.lcm_block_size * self.geo.lcm_block_size
+        return [b for g, bs in enumerate(self.geo.block_sizes)
                 for b in job.block_ids[g][start // bs :] if b != NULL_BLOCK_ID]
 
     def load_plan(self, job: LoadJob) -> list[tuple[int, int, bytes]]:
         """(group, block id, key hash) of every block the load fills."""
-        geom = self.geom
-        h = geom.hash_block_size
-        start = job.local_tokens // geom.lcm_block_size * geom.lcm_block_size
-        masks = self.coord.load_mask(job.block_hashes, job.hit_tokens) if self.coord else None
+        geo = self.geo
+        h = geo.hash_block_size
+        start = job.vllm_cached_tokens // geo.lcm_block_size * geo.lcm_block_size
+        masks = (self.coord.load_mask(job.block_hashes, job.kvpool_cached_tokens)
+                 if self.coord else None)
         plan: list[tuple[int, int, bytes]] = []
-        for g, bs in enumerate(geom.block_sizes):
-            last = cdiv(job.hit_tokens, bs) - 1
+        for g, bs in enumerate(geo.block_sizes):
+            last = cdiv(job.kvpool_cached_tokens, bs) - 1
             for idx in range(start // bs, last + 1):
-                if geom.is_mamba[g] and idx != last:
+                if geo.is_mamba[g] and idx != last:
                     continue  # a Mamba group needs only the state at the hit
                 if masks is not None and (idx >= len(masks[g]) or not masks[g][idx]):
                     continue
-                end = min((idx + 1) * bs, job.hit_tokens)
-                if idx == last and job.tail_keys:
-                    end = job.tail_keys[g]
+                end = min((idx + 1) * bs, job.kvpool_cached_tokens)
+                if idx == last and job.tail_key_boundaries:
+                    end = job.tail_key_boundaries[g].num_tokens
                 plan.append((g, job.block_ids[g][idx], job.block_hashes[end // h - 1]))
         return plan
 
@@ -174,7 +173,7 @@ class WorkerSide:
         if any(b == NULL_BLOCK_ID for _, b, _ in plan):
             return False
         fetched: list[tuple[int, list[int], torch.Tensor]] = []
-        for g in range(self.geom.num_groups):
+        for g in range(self.geo.num_groups):
             items = [(b, hh) for gg, b, hh in plan if gg == g]
             bb = self.layout.block_nbytes[g]
             step = self._per_batch(g)
@@ -198,15 +197,15 @@ class WorkerSide:
         """Run this step's store jobs (after its forward), then retire ended requests."""
         if self.settings.can_put:
             for job in meta.stores:
-                self.enqueue(job)
+                self.add_request(job)
         if self.queue:
             self._sync_device()
         self.run()
-        self.close_ended(meta.finished, meta.preempted)
+        self.close_ended_store_requests(meta.finished_req_ids, meta.preempted_req_ids)
 
-    def enqueue(self, job: StoreJob) -> None:
+    def add_request(self, job: StoreJob) -> None:
         """Register a job as live for its request and queue it (``add_request``)."""
-        self.ledger.setdefault(job.req_id, set()).add(job.job_id)
+        self.stored_requests.setdefault(job.req_id, set()).add(job.store_job_id)
         self.queue.append(job)
 
     def run(self, n: int | None = None) -> list[tuple[StoreJob, str | None]]:
@@ -218,40 +217,41 @@ class WorkerSide:
             t0 = time.perf_counter()
             err = None
             try:
-                self._store_job(job)
+                self._handle_request(job)
             except Exception as exc:  # a store bug must not wedge the pins: report the job
-                logger.exception("store job %d of %s failed", job.job_id, job.req_id)
+                logger.exception("store job %d of %s failed", job.store_job_id, job.req_id)
                 self.metrics.c.inc("job_errors")
                 err = type(exc).__name__
             finally:
-                live = self.ledger.get(job.req_id)
+                live = self.stored_requests.get(job.req_id)
                 if live is not None:
-                    live.discard(job.job_id)
-                self.completed[job.job_id] = self.completed.get(job.job_id, 0) + 1
+                    live.discard(job.store_job_id)
+                jid = job.store_job_id
+                self.completed_saves[jid] = self.completed_saves.get(jid, 0) + 1
                 self.metrics.c.sample("job_latency_s", time.perf_counter() - t0)
             done.append((job, err))
-        self.metrics.c.set("pressure_active", int(self.gate.active))
+        self.metrics.c.set("pressure_active", int(self.gate.store_pressure_active))
         return done
 
-    def close_ended(self, finished: set[str], preempted: set[str]) -> None:
+    def close_ended_store_requests(self, finished: set[str], preempted: set[str]) -> None:
         """Retire request state: preempted now (their queued jobs become not live), finished
         once their queued jobs drained (``_close_ended_store_requests``)."""
         for rid in preempted:
-            self._retire(rid)
-        for rid in finished | self.finishing:
-            if self.ledger.get(rid):
-                self.finishing.add(rid)
+            self.delete_finished_stored_request(rid)
+        for rid in finished | self.finished_store_req:
+            if self.stored_requests.get(rid):
+                self.finished_store_req.add(rid)
             else:
-                self.finishing.discard(rid)
-                self._retire(rid)
+                self.finished_store_req.discard(rid)
+                self.delete_finished_stored_request(rid)
 
-    def _retire(self, rid: str) -> None:
-        self.ledger.pop(rid, None)
-        self.gate.skip.discard(rid)
+    def delete_finished_stored_request(self, rid: str) -> None:
+        self.stored_requests.pop(rid, None)
+        self.gate.skip_store_requests.discard(rid)
         self.saved_offset.pop(rid, None)
 
     def _live(self, job: StoreJob) -> bool:
-        return job.job_id in self.ledger.get(job.req_id, ())
+        return job.store_job_id in self.stored_requests.get(job.req_id, ())
 
     def _sync_device(self) -> None:
         """Wait for this step's device work (forward, CoW copies) before reading blocks."""
@@ -260,9 +260,9 @@ class WorkerSide:
             ev.record()
             ev.synchronize()
 
-    def _store_job(self, job: StoreJob) -> None:
-        lcm = self.geom.lcm_block_size
-        token_len = job.token_len // lcm * lcm
+    def _handle_request(self, job: StoreJob) -> None:
+        lcm = self.geo.lcm_block_size
+        token_len = job.token_len_chunk // lcm * lcm
         if not self._live(job):
             self.metrics.c.inc("jobs_not_live")
             return
@@ -275,9 +275,9 @@ class WorkerSide:
             return
         start = self.saved_offset.get(job.req_id, 0)
         items: list[tuple[int, int, bytes]] = []
-        h = self.geom.hash_block_size
-        for g, bs in enumerate(self.geom.block_sizes):
-            if self.geom.is_mamba[g]:
+        h = self.geo.hash_block_size
+        for g, bs in enumerate(self.geo.block_sizes):
+            if self.geo.is_mamba[g]:
                 continue  # Mamba states are stored only at exact hand-off boundaries
             table = job.block_ids[g]
             for idx in range(cdiv(start, bs), cdiv(token_len, bs)):
@@ -292,9 +292,9 @@ class WorkerSide:
             self.gate.clear()
 
     def _boundary_puts(self, job: StoreJob) -> bool:
-        h = self.geom.hash_block_size
+        h = self.geo.hash_block_size
         items = [
-            (p.group, p.block_id, job.block_hashes[p.num_tokens // h - 1])
+            (p.group_id, p.block_id, job.block_hashes[p.num_tokens // h - 1])
             for p in job.boundary_puts
             if p.num_tokens > 0 and p.block_id != NULL_BLOCK_ID
             and p.num_tokens // h <= len(job.block_hashes)
@@ -329,9 +329,9 @@ class WorkerSide:
             self.metrics.record_batch("put", outs, sum(o.nbytes for o in outs if o.ok))
             if not all(o.saved for o in outs):
                 if any(o.status is Status.STORE_FULL for o in outs):
-                    self.gate.active = True
+                    self.gate.store_pressure_active = True
                     if self._live(job):
-                        self.gate.skip.add(job.req_id)
+                        self.gate.skip_store_requests.add(job.req_id)
                 return "failed"
             i = j
         return "ok"
@@ -369,8 +369,8 @@ class WorkerSide:
         out, self.load_error_blocks = self.load_error_blocks, set()
         return out
 
-    def build_worker_meta(self) -> TailproofWorkerMeta | None:
-        if not self.completed:
+    def build_connector_worker_meta(self) -> TailproofWorkerMeta | None:
+        if not self.completed_saves:
             return None
-        out, self.completed = self.completed, {}
-        return TailproofWorkerMeta(out)
+        out, self.completed_saves = self.completed_saves, {}
+        return TailproofWorkerMeta(completed_saves=out)

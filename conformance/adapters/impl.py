@@ -27,13 +27,14 @@ import os
 import uuid
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any, ClassVar
 
 import torch
 
 from tailproof.conformance.connector_ops import ConnectorAdapter, batch_obs, job_obs
-from tailproof.impl.config import Geometry, Settings
+from tailproof.impl.config import Settings, StoreGeometry
 from tailproof.impl.connector import build_coordinator
 from tailproof.impl.kv_layout import KVLayout
 from tailproof.impl.lookup import StoreLookup
@@ -154,16 +155,15 @@ class ImplConnector(ConnectorAdapter):
         kv_config = manager.kv_cache_config
         n = self.conf["num_workers"]
         groups = list(config.groups)
-        geom = Geometry(
+        geo = StoreGeometry(
             core_group_ids=tuple(range(len(groups))),
             block_sizes=tuple(g.block_size for g in groups),
             is_mamba=tuple(bool(g.is_mamba) for g in groups),
             hash_block_size=config.hash_block_size, lcm_block_size=config.scheduler_block_size,
             partial_hits=bool(getattr(manager.coordinator, "enable_partial_hash_hits", False)),
             use_eagle=bool(config.use_eagle), num_blocks=config.num_blocks)
-        self.coord = build_coordinator(geom, kv_config, 1)
-        self.geom = geom = Geometry(**{**geom.__dict__,
-                                       "eagle_groups": frozenset(self.coord.eagle_group_ids)})
+        self.coord = build_coordinator(geo, kv_config, 1)
+        self.geo = geo = replace(geo, eagle_group_ids=frozenset(self.coord.eagle_group_ids))
         kind = self.options.get("store") or os.environ.get("TAILPROOF_STORE", "memory")
         extra = dict(self.options.get("store_config") or
                      json.loads(os.environ.get("TAILPROOF_STORE_CONFIG", "{}") or "{}"))
@@ -177,9 +177,9 @@ class ImplConnector(ConnectorAdapter):
         self.job_tokens: dict[int, list[int]] = {}
         self.current_job: int | None = None
         self.store = ScriptedStore(_inner_store(kind, extra), self._verify_put)
-        self.lookup_client = StoreLookup(geom, self.coord, self.store.exists, ns, n)
-        self.sched = SchedulerSide(self.settings, geom, self.lookup_client, n)
-        self.sched.bind_block_pool(core_backend.block_pool)
+        self.lookup_client = StoreLookup(geo, self.coord, self.store.exists, ns, n)
+        self.sched = SchedulerSide(self.settings, geo, self.lookup_client, n)
+        self.sched.bind_gpu_block_pool(core_backend.block_pool)
         shapes = [GroupShape("mamba" if g.is_mamba else "full_attention", g.block_size)
                   for g in groups]
         device = self.options.get("device") or os.environ.get("TAILPROOF_IMPL_DEVICE") or (
@@ -188,7 +188,7 @@ class ImplConnector(ConnectorAdapter):
                         for r in range(n)]
         self.workers = []
         for r, runner in enumerate(self.runners):
-            ws = WorkerSide(self.settings, geom, self.store, r, n, self.coord)
+            ws = WorkerSide(self.settings, geo, self.store, r, n, self.coord)
             ws.register_kv_caches(runner.kv, runner.layer_names)
             self.workers.append(ws)
         self._install_kv_hooks()
@@ -277,9 +277,10 @@ class ImplConnector(ConnectorAdapter):
         self.sched.update_state_after_alloc(self._req(rid), blocks, external)
 
     def _job_obs(self, job: Any) -> dict[str, Any]:
-        pins = self.sched.pinned.get(job.job_id, ([], 0))[0]
-        return job_obs(job.job_id, job.req_id, job.start, job.token_len, job.publish,
-                       [(p.group, p.block_id, p.num_tokens) for p in job.boundary_puts], pins)
+        pins = self.sched.pinned_saves.get(job.store_job_id, ([], 0))[0]
+        return job_obs(job.store_job_id, job.req_id, job.token_ids_start, job.token_len_chunk,
+                       job.publish_partial_tail,
+                       [(p.group_id, p.block_id, p.num_tokens) for p in job.boundary_puts], pins)
 
     def build(self, driver: Any, rows: list[tuple[str, int, str, tuple[list[int], ...], int]],
               finished: set[str], preempted: set[str],
@@ -311,18 +312,19 @@ class ImplConnector(ConnectorAdapter):
             finished_req_ids=set(finished), preempted_req_ids=set(preempted),
             scheduled_new_reqs=new_reqs, scheduled_cached_reqs=cached_data,
             num_scheduled_tokens={r[0]: r[1] for r in rows}, kv_connector_block_state=block_state)
-        meta = self.sched.build_meta(so)
+        meta = self.sched.build_connector_meta(so)
         for j in meta.stores:
-            if j.job_id not in self.job_tokens:
-                self._snapshot(j.job_id, j.req_id)
+            if j.store_job_id not in self.job_tokens:
+                self._snapshot(j.store_job_id, j.req_id)
         jobs = [self._job_obs(j) for j in meta.stores]
-        loads = [{"rid": j.req_id, "local": j.local_tokens, "external": j.hit_tokens}
+        loads = [{"rid": j.req_id, "local": j.vllm_cached_tokens,
+                  "external": j.kvpool_cached_tokens}
                  for j in meta.loads]
         for ws in self.workers:
             if self.settings.can_put:
                 for job in meta.stores:
-                    ws.enqueue(job)
-            ws.close_ended(set(finished), set(preempted))
+                    ws.add_request(job)
+            ws.close_ended_store_requests(set(finished), set(preempted))
         self._run_loads(meta)
         return jobs, loads
 
@@ -330,7 +332,7 @@ class ImplConnector(ConnectorAdapter):
         """Execute this step's loads on every rank and check the loaded bytes."""
         if not meta.loads:
             return
-        lcm = self.geom.lcm_block_size
+        lcm = self.geo.lcm_block_size
         for ws, runner in zip(self.workers, self.runners, strict=True):
             ok = ws.start_load(TailproofMeta(loads=meta.loads))
             ws.take_transfer_results()
@@ -339,33 +341,31 @@ class ImplConnector(ConnectorAdapter):
                 if not ok[job.req_id]:
                     continue  # failed closed: nothing was written
                 req = self._req(job.req_id)
-                start = job.local_tokens // lcm * lcm
-                bad = runner.check(job.req_id, req.all_token_ids, start, job.hit_tokens,
+                start = job.vllm_cached_tokens // lcm * lcm
+                bad = runner.check(job.req_id, req.all_token_ids, start, job.kvpool_cached_tokens,
                                    job.block_ids)
                 self.byte_errors += [f"load {job.req_id}: {b}" for b in bad]
         self._raise_byte_errors()
 
     def pinned(self) -> dict[int, tuple[list[int], int]]:
-        return self.sched.pinned
+        return self.sched.pinned_saves
 
     def register(self, driver: Any, rid: str, block_ids: tuple[list[int], ...],
                  tails: list[tuple[int, int, int]]) -> dict[str, Any] | None:
-        before = self.sched.next_job_id
+        before = self.sched.next_store_job_id
         delay = self.sched.register_finished_partial_tail(self._req(rid), block_ids, tails)
         assert delay is False
-        if self.sched.next_job_id == before:
+        if self.sched.next_store_job_id == before:
             return None
-        s = self.sched.finished_tails[rid]
-        assert s.job_id is not None
-        self._snapshot(s.job_id, rid)
-        pins = self.sched.pinned.get(s.job_id, ([], 0))[0]
-        return job_obs(s.job_id, rid, s.start, s.token_len, s.publish,
-                       [(p.group, p.block_id, p.num_tokens) for p in s.boundary_puts], pins)
+        s = self.sched.finished_partial_tails[rid]
+        assert s.store_job_id is not None
+        self._snapshot(s.store_job_id, rid)
+        return self._job_obs(s)
 
     def trackers(self) -> dict[str, dict[str, Any]]:
-        return {rid: {"token_len": t.token_len, "saved": t.num_saved,
-                      "prefill_end": t.prefill_end, "tail_sent": t.tail_sent}
-                for rid, t in sorted(self.sched.trackers.items())}
+        return {rid: {"token_len": t.token_len, "saved": t.num_saved_tokens,
+                      "prefill_end": t.prefill_end_tokens, "tail_sent": t.partial_tail_sent}
+                for rid, t in sorted(self.sched.request_trackers.items())}
 
     # --- workers -----------------------------------------------------------------------
 
@@ -377,10 +377,10 @@ class ImplConnector(ConnectorAdapter):
         while ws.queue and (n is None or len(out) < n):
             head = ws.queue[0]
             self.store.context = self._context(head.req_id, head.block_hashes)
-            self.current_job = head.job_id
+            self.current_job = head.store_job_id
             first = len(self.store.log)
             ((job, err),) = ws.run(1)
-            row: dict[str, Any] = {"job": job.job_id, "rid": job.req_id,
+            row: dict[str, Any] = {"job": job.store_job_id, "rid": job.req_id,
                                    "batches": [batch_obs(t, e) for t, e in self.store.log[first:]]}
             if err is not None:
                 row["error"] = err
@@ -390,24 +390,25 @@ class ImplConnector(ConnectorAdapter):
 
     def worker_state(self, w: int) -> dict[str, Any]:
         ws = self.workers[w]
-        return {"pressure": ws.gate.active, "skipped": sorted(ws.gate.skip),
+        return {"pressure": ws.gate.store_pressure_active,
+                "skipped": sorted(ws.gate.skip_store_requests),
                 "offsets": {r: n for r, n in sorted(ws.saved_offset.items())},
-                "queued": [j.job_id for j in ws.queue]}
+                "queued": [j.store_job_id for j in ws.queue]}
 
     def take_completed(self, w: int) -> dict[int, int]:
-        meta = self.workers[w].build_worker_meta()
-        return dict(meta.completed_jobs) if meta else {}
+        meta = self.workers[w].build_connector_worker_meta()
+        return dict(meta.completed_saves) if meta else {}
 
     def report(self, completed: dict[int, int]) -> list[int]:
-        before = set(self.sched.pinned)
-        self.sched.update_connector_output(TailproofWorkerMeta(dict(completed)))
-        return [j for j in completed if j in before and j not in self.sched.pinned]
+        before = set(self.sched.pinned_saves)
+        self.sched.update_connector_output(TailproofWorkerMeta(completed_saves=dict(completed)))
+        return [j for j in completed if j in before and j not in self.sched.pinned_saves]
 
     # --- lookups and store -------------------------------------------------------------
 
     def store_lookup(self, driver: Any, rid: str, n: int) -> tuple[int, list[tuple[int, int]]]:
         res = self.lookup_client.lookup(n, self._req(rid).block_hashes)
-        return res.hit_tokens, list(enumerate(res.tail_keys))
+        return res.hit_length, [tuple(t) for t in res.tail_key_boundaries]
 
     def matched(self, driver: Any, rid: str, num_computed: int) -> tuple[int | None, bool]:
         return self.sched.get_num_new_matched_tokens(self._req(rid), num_computed)

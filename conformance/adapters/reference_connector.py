@@ -7,8 +7,8 @@ from typing import Any
 
 from tailproof.conformance.connector_ops import ConnectorAdapter, batch_obs, job_obs
 from tailproof.reference.connector.config import ConnectorConfig, StoreGeometry
-from tailproof.reference.connector.lookup import matched_tokens, store_lookup
-from tailproof.reference.connector.meta import Job
+from tailproof.reference.connector.lookup import get_num_new_matched_tokens, store_lookup
+from tailproof.reference.connector.meta import ReqMeta
 from tailproof.reference.connector.scheduler import ConnectorScheduler, Scheduled
 from tailproof.reference.connector.store import ScriptedStore
 from tailproof.reference.connector.worker import SendingWorker
@@ -47,10 +47,10 @@ class ReferenceConnector(ConnectorAdapter):
                     external: int) -> None:
         self.sched.update_state_after_alloc(self._req(rid), table, external)
 
-    def _job_obs(self, job: Job) -> dict[str, Any]:
-        pins = self.sched.pinned.get(job.store_job_id, ([], 0))[0] \
+    def _job_obs(self, job: ReqMeta) -> dict[str, Any]:
+        pins = self.sched.pinned_saves.get(job.store_job_id, ([], 0))[0] \
             if job.store_job_id is not None else []
-        return job_obs(job.store_job_id, job.rid, job.token_ids_start, job.token_len_chunk,
+        return job_obs(job.store_job_id, job.req_id, job.token_ids_start, job.token_len_chunk,
                        job.publish_partial_tail,
                        [(p.group_id, p.block_id, p.num_tokens) for p in job.boundary_puts],
                        pins)
@@ -61,22 +61,22 @@ class ReferenceConnector(ConnectorAdapter):
               table: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         scheduled = [Scheduled(self._req(rid), n, kind, ids, computed)
                      for rid, n, kind, ids, computed in rows]
-        out = self.sched.build_step(scheduled, finished, preempted, offloads, table)
+        out = self.sched.build_connector_meta(scheduled, finished, preempted, offloads, table)
         jobs = [self._job_obs(j) for j in out if j.can_save]
-        loads = [{"rid": j.rid, "local": j.load_spec.vllm_cached_tokens,
+        loads = [{"rid": j.req_id, "local": j.load_spec.vllm_cached_tokens,
                   "external": j.load_spec.kvpool_cached_tokens}
                  for j in out if j.load_spec is not None]
         if self.can_put:
             for w in self.workers:
                 for j in out:
                     if j.can_save:
-                        w.add(j)
+                        w.add_request(j)
         for w in self.workers:
-            w.close_ended(finished, preempted)
+            w.close_ended_store_requests(finished, preempted)
         return jobs, loads
 
     def pinned(self) -> dict[int, tuple[list[int], int]]:
-        return self.sched.pinned
+        return self.sched.pinned_saves
 
     def register(self, driver: Any, rid: str, block_ids: tuple[list[int], ...],
                  tails: list[tuple[int, int, int]]) -> dict[str, Any] | None:
@@ -86,7 +86,7 @@ class ReferenceConnector(ConnectorAdapter):
     def trackers(self) -> dict[str, dict[str, Any]]:
         return {rid: {"token_len": t.token_len, "saved": t.num_saved_tokens,
                       "prefill_end": t.prefill_end_tokens, "tail_sent": t.partial_tail_sent}
-                for rid, t in sorted(self.sched.trackers.items())}
+                for rid, t in sorted(self.sched.request_trackers.items())}
 
     # --- workers -----------------------------------------------------------------------
 
@@ -98,7 +98,7 @@ class ReferenceConnector(ConnectorAdapter):
         for i, (job, first, err) in enumerate(ran):
             last = ran[i + 1][1] if i + 1 < len(ran) else len(self.store.log)
             entry: dict[str, Any] = {
-                "job": job.store_job_id, "rid": job.rid,
+                "job": job.store_job_id, "rid": job.req_id,
                 "batches": [batch_obs(tags, e) for tags, e in self.store.log[first:last]]}
             if err:
                 entry["error"] = err
@@ -110,7 +110,7 @@ class ReferenceConnector(ConnectorAdapter):
         return {**wk.state(), "queued": [j.store_job_id for j in wk.queue]}
 
     def take_completed(self, w: int) -> dict[int, int]:
-        return self.workers[w].take_completed()
+        return self.workers[w].take_completed_saves()
 
     def report(self, completed: dict[int, int]) -> list[int]:
         return self.sched.update_connector_output(completed)
@@ -122,7 +122,7 @@ class ReferenceConnector(ConnectorAdapter):
 
     def store_lookup(self, driver: Any, rid: str, n: int) -> tuple[int, list[tuple[int, int]]]:
         res = store_lookup(self.geo, n, self._req(rid).block_hashes, self._present)
-        return res.hit, list(res.tails)
+        return res.hit_length, [tuple(t) for t in res.tail_key_boundaries]
 
     def matched(self, driver: Any, rid: str, num_computed: int) -> tuple[int | None, bool]:
         req = self._req(rid)
@@ -130,8 +130,9 @@ class ReferenceConnector(ConnectorAdapter):
         def lookup() -> Any:
             return store_lookup(self.geo, req.num_tokens, req.block_hashes, self._present)
 
-        return matched_tokens(self.geo, self.cconf.enable_lookup, self.cconf.load_async,
-                              self.sched.load_specs, rid, req.num_tokens, num_computed, lookup)
+        return get_num_new_matched_tokens(
+            self.geo, self.cconf.enable_lookup, self.cconf.load_async, self.sched.load_specs, rid,
+            req.num_tokens, num_computed, lookup)
 
     def seed(self, driver: Any, rid: str, keys: list[tuple[int, ...]], workers: list[int],
              remove: bool) -> int:

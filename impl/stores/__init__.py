@@ -1,5 +1,9 @@
 """KV stores behind the tailproof connector: one interface, an embedded default, Mooncake.
 
+Semantics: ``tailproof.reference.connector.store`` (a key is present or absent; a put batch
+answers per-key codes, -200 for a full store). Mirrors the store calls of vLLM 0.33's
+``MooncakeStoreWorker`` (``batch_is_exist``, ``batch_put_from``, ``batch_get_into``).
+
 Import the interface from here::
 
     from tailproof.impl.stores import Outcome, Status, Store, make_store

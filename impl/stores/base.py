@@ -1,5 +1,8 @@
 """The one interface every KV store implements, and the outcome type its calls return.
 
+Semantics: ``tailproof.reference.connector.store``. Mirrors the per-key return codes of
+Mooncake's ``MooncakeDistributedStore`` as vLLM 0.33's ``MooncakeStoreWorker`` reads them.
+
 Why: "fail closed is a type". A raw store (Mooncake's ``get``) answers ``b''`` for a miss, for a
 value larger than its local buffer and for a dead master alike; ``put`` of an existing key answers
 0 without writing. Here every call answers one :class:`Outcome` per key, and a caller can only use

@@ -1,5 +1,8 @@
 """Store configuration: one validated, frozen record and the ``make_store`` factory.
 
+Semantics: none in the reference (start-up validation only). Mirrors the store settings vLLM
+0.33's ``MooncakeStoreWorker.__init__`` reads from ``kv_connector_extra_config``.
+
 Why: a connector config comes in as a plain dict (vLLM's ``kv_connector_extra_config``); a typo
 must fail at startup with one clear line per bad field, not as a store that silently misbehaves.
 

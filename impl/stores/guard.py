@@ -1,5 +1,8 @@
 """Admission for calls into a native store client: never after close, fail fast while it is down.
 
+Semantics: ``tailproof.reference.connector.store`` (a refused call answers as a failed one).
+Mirrors no vLLM function: vLLM 0.33's ``MooncakeStoreWorker`` calls the client unguarded.
+
 Why: Mooncake's client segfaults when used after ``close()``, and with a dead master each call
 blocks ~4.5 s (its reconnect wait; ``MC_RPC_TIMEOUT_MS`` does not shorten it) while its
 ``health_check()`` keeps answering "healthy" for several seconds. This guard (1) counts in-flight

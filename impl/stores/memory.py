@@ -1,5 +1,8 @@
 """The embedded default store: in-process, bounded by bytes, thread-safe, Mooncake's outcome codes.
 
+Semantics: ``tailproof.reference.connector.store``. Mirrors Mooncake's
+``MooncakeDistributedStore`` as vLLM 0.33's ``MooncakeStoreWorker`` calls it.
+
 Why: the connector must run (and be tested) with no external service. This store answers exactly
 the outcomes Mooncake does (STORE_FULL when capacity is exhausted, MISS, TOO_LARGE for a value
 larger than the whole capacity, EXISTS for a second put of a key), so connector code tested here

@@ -1,6 +1,9 @@
 """The Mooncake store (``mooncake.store.MooncakeDistributedStore``) behind the :class:`Store` API.
 
-Why a wrapper: the raw client (0.3.13.post1, see shared/notes/mooncake.md §4.4) answers ``b''``
+Semantics: ``tailproof.reference.connector.store``. Mirrors the store calls of vLLM 0.33's
+``MooncakeStoreWorker`` (``batch_is_exist``, ``batch_put_from``, ``batch_get_into``).
+
+Why a wrapper: the raw client (mooncake-transfer-engine 0.3.13.post1) answers ``b''``
 for a miss, an oversized value and a dead master alike; ``put`` of an existing key answers 0
 without writing; ``put(float32_array)`` stores ``len`` bytes, not ``nbytes``; calls after
 ``close()`` segfault; and its default timeouts are 30 s (RPC) and ~90 s (setup with no master).

@@ -43,6 +43,11 @@ class ConnectorConfig:
         return self.role in ("producer", "both")
 
     @property
+    def can_put(self) -> bool:
+        """``MooncakeStoreWorker.can_put`` (MW:1394): producers, or consumers saving decode."""
+        return not self.is_consumer or self.save_decode_cache
+
+    @property
     def capacity_only(self) -> bool:
         """``_capacity_only`` (MS:178-182): a consumer that neither looks up nor saves."""
         return self.is_consumer and not self.enable_lookup and not self.save_decode_cache
@@ -69,14 +74,14 @@ class StoreGeometry:
     partial_hits: bool
     use_eagle: bool
     attention_groups: tuple[SpecGroup, ...]
-    eagle_margin_by_group: dict[int, int]
+    eagle_proof_margin_by_group: dict[int, int]
 
     @property
     def alignment(self) -> int:
         """Lookup/save alignment (MCO:167-173, MS:225-227): h with partial hits, else lcm."""
         return self.hash_block_size if self.partial_hits else self.lcm_block_size
 
-    def align(self, n: int) -> int:
+    def align_lookup_length(self, n: int) -> int:
         """``align_lookup_length`` (MCO:167-173)."""
         a = self.alignment
         return n // a * a

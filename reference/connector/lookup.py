@@ -17,14 +17,13 @@ from dataclasses import dataclass
 
 from tailproof.reference.block_pool import Block
 from tailproof.reference.connector.config import SpecGroup, StoreGeometry
-from tailproof.reference.connector.meta import LoadSpec
+from tailproof.reference.connector.meta import LoadSpec, TailKeyBoundary
 from tailproof.reference.managers import FullAttentionManager, MambaAlignManager
 from tailproof.spec.arithmetic import cdiv, eagle_proof_margin
 
 
-class ExternalPool:
-    """Duck-typed block pool over a ``(group, digest)`` exists set
-    (``ExternalCachedBlockPool``, MCO:46-80)."""
+class ExternalCachedBlockPool:
+    """Duck-typed block pool over a ``(group, digest)`` exists set (MCO:46-80)."""
 
     def __init__(self, h: int, exists: set[tuple[int, bytes]]) -> None:
         self.hash_block_size = h
@@ -49,7 +48,7 @@ def _finder(sg: SpecGroup) -> Callable[..., tuple[list[list[Block]], int]]:
 
 
 def find_hit(geo: StoreGeometry, hashes: Sequence[bytes], max_length: int,
-             pool: ExternalPool) -> int:
+             pool: ExternalCachedBlockPool) -> int:
     """The hybrid fixed point of ``MooncakeStoreCoordinator._find_hit_blocks`` (eagle on)."""
     a = geo.alignment
     groups = geo.attention_groups
@@ -105,23 +104,25 @@ def candidate_units(geo: StoreGeometry, num_hashes: int, token_len: int) -> dict
 
 @dataclass(frozen=True)
 class LookupResult:
-    hit: int
-    tails: tuple[tuple[int, int], ...] = ()  # (group, key boundary)
+    """``MooncakeLookupResult`` (MD:673-688)."""
+
+    hit_length: int
+    tail_key_boundaries: tuple[TailKeyBoundary, ...] = ()
 
 
 def store_lookup(geo: StoreGeometry, num_tokens: int, hashes: Sequence[bytes],
                  present: Callable[[int, bytes], bool]) -> LookupResult:
     """``MooncakeStoreWorker.lookup``; ``present(group, digest)``: every rank has the key."""
-    token_len = geo.align(num_tokens)
+    token_len = geo.align_lookup_length(num_tokens)
     if not hashes or token_len <= 0:
         return LookupResult(0)
     exists = {(gid, bytes(hashes[u])) for gid, units in
               candidate_units(geo, len(hashes), token_len).items()
               for u in units if present(gid, bytes(hashes[u]))}
-    pool = ExternalPool(geo.hash_block_size, exists)
+    pool = ExternalCachedBlockPool(geo.hash_block_size, exists)
     hit = find_hit(geo, hashes, token_len, pool)
     if hit >= num_tokens:
-        usable = geo.align(num_tokens - 1)
+        usable = geo.align_lookup_length(num_tokens - 1)
         if usable <= 0:
             return LookupResult(0)
         hit = find_hit(geo, hashes, usable, pool)
@@ -129,7 +130,7 @@ def store_lookup(geo: StoreGeometry, num_tokens: int, hashes: Sequence[bytes],
 
 
 def tail_key_boundaries(geo: StoreGeometry, hashes: Sequence[bytes], hit: int,
-                        pool: ExternalPool) -> tuple[tuple[int, int], ...]:
+                        pool: ExternalCachedBlockPool) -> tuple[TailKeyBoundary, ...]:
     """Per group, the boundary whose hash keys its last chunk: ``hit`` itself, else the first
     present later boundary inside the same chunk (an EAGLE proof key); AssertionError if none."""
     if hit <= 0:
@@ -151,11 +152,11 @@ def tail_key_boundaries(geo: StoreGeometry, hashes: Sequence[bytes], hit: int,
                     break
             else:
                 raise AssertionError(f"No tail key found for cache group {gid} at {hit}")
-        out.append((gid, boundary))
+        out.append(TailKeyBoundary(gid, boundary))
     return tuple(out)
 
 
-def matched_tokens(geo: StoreGeometry, enable_lookup: bool, load_async: bool,
+def get_num_new_matched_tokens(geo: StoreGeometry, enable_lookup: bool, load_async: bool,
                    load_specs: dict[str, LoadSpec], rid: str, num_tokens: int,
                    num_computed: int, lookup: Callable[[], LookupResult]) -> tuple[int, bool]:
     """``get_num_new_matched_tokens`` (MS:210-265): sub-block prompts are looked up only with
@@ -165,10 +166,12 @@ def matched_tokens(geo: StoreGeometry, enable_lookup: bool, load_async: bool,
     if num_tokens < geo.alignment:
         return 0, False
     res = lookup()
-    need = max(0, res.hit - num_computed)
+    need = max(0, res.hit_length - num_computed)
     if need <= 0:
         return 0, False
-    load_specs[rid] = LoadSpec(num_computed, res.hit, False, res.tails)
+    load_specs[rid] = LoadSpec(vllm_cached_tokens=num_computed,
+                               kvpool_cached_tokens=res.hit_length, can_load=False,
+                               tail_key_boundaries=res.tail_key_boundaries)
     return need, load_async
 
 

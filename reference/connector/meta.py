@@ -1,8 +1,9 @@
 """Per-request connector state and the store jobs handed to workers (mirrors ``data.py``).
 
-``Job`` is ``ReqMeta`` (MD:752-865); ``Tracker`` is ``RequestTracker`` (MD:701-741);
-``LoadSpec`` is ``LoadSpec`` (MD:689-698). Block hashes are carried as the request's own list
-(the reference core's chained digests), so a key is ``(group, digest)`` as in vLLM.
+``ReqMeta`` (MD:752-865), ``RequestTracker`` (MD:701-741), ``LoadSpec`` (MD:689-698),
+``BoundaryPut`` (MD:744-749) and ``TailKeyBoundary`` (MD:655-671) keep vLLM's names and
+fields. Block hashes are carried as the request's own list (the reference core's chained
+digests), so a key is ``(group, digest)`` as in vLLM.
 """
 
 from __future__ import annotations
@@ -22,17 +23,24 @@ class BoundaryPut(NamedTuple):
     num_tokens: int
 
 
+class TailKeyBoundary(NamedTuple):
+    """The boundary whose prefix hash keys group ``group_id``'s last stored block (MD:655-671)."""
+
+    group_id: int
+    num_tokens: int
+
+
 @dataclass
 class LoadSpec:
     vllm_cached_tokens: int
     kvpool_cached_tokens: int
     can_load: bool
-    tail_key_boundaries: tuple[tuple[int, int], ...] = ()
+    tail_key_boundaries: tuple[TailKeyBoundary, ...] = ()
 
 
 @dataclass
-class Tracker:
-    rid: str
+class RequestTracker:
+    req_id: str
     token_len: int
     allocated_block_ids: tuple[list[int], ...]
     num_saved_tokens: int = 0
@@ -58,10 +66,10 @@ class Tracker:
 
 
 @dataclass
-class Job:
+class ReqMeta:
     """One request's entry in a step's connector metadata; a store job once it has an id."""
 
-    rid: str
+    req_id: str
     token_len_chunk: int
     block_ids: tuple[list[int], ...]
     block_hashes: Sequence[bytes]
@@ -77,7 +85,7 @@ class Job:
 
 
 def from_request_tracker(
-    tracker: Tracker,
+    tracker: RequestTracker,
     lcm: int,
     block_hashes: Sequence[bytes],
     *,
@@ -85,7 +93,7 @@ def from_request_tracker(
     skip_save: bool | None = False,
     save_partial_tail: bool = False,
     num_prompt_tokens: int | None = None,
-) -> Job | None:
+) -> ReqMeta | None:
     """mirrors ``ReqMeta.from_request_tracker`` (MD:788-865): save the lcm floor of the tracked
     length once it passes the next lcm boundary, or when the prompt's partial tail is first due;
     a meta never carries both a save and a load (the load wins)."""
@@ -105,8 +113,8 @@ def from_request_tracker(
         tracker.partial_tail_sent |= publish
     if not (load_spec is not None and load_spec.can_load):
         load_spec = None
-    return Job(
-        rid=tracker.rid, token_len_chunk=to_save, block_ids=tracker.allocated_block_ids,
+    return ReqMeta(
+        req_id=tracker.req_id, token_len_chunk=to_save, block_ids=tracker.allocated_block_ids,
         block_hashes=block_hashes, can_save=not skip, load_spec=load_spec,
         token_ids_start=start, num_prompt_tokens=num_prompt_tokens,
         prefill_end_tokens=tracker.prefill_end_tokens, completed_token_len=token_len,

@@ -29,9 +29,9 @@ from typing import Protocol
 from tailproof.reference.connector.config import ConnectorConfig, StoreGeometry
 from tailproof.reference.connector.meta import (
     BoundaryPut,
-    Job,
     LoadSpec,
-    Tracker,
+    ReqMeta,
+    RequestTracker,
     from_request_tracker,
 )
 from tailproof.reference.connector.tail import NULL_BLOCK_ID, partial_tail_puts
@@ -75,13 +75,14 @@ class ConnectorScheduler:
         self.geo = geo
         self.pool = pool
         self.num_workers = conf.num_workers
-        self.next_job_id = 0
-        self.pinned: dict[int, tuple[list[int], int]] = {}  # job -> (ids, ranks yet to report)
+        self.next_store_job_id = 0
+        # store_job_id -> (block ids, ranks yet to report)
+        self.pinned_saves: dict[int, tuple[list[int], int]] = {}
         self.load_specs: dict[str, LoadSpec] = {}
-        self.trackers: dict[str, Tracker] = {}
-        self.unfinished: dict[str, tuple[RequestLike, tuple[list[int], ...]]] = {}
-        self.unfinished_ids: set[str] = set()
-        self.finished_tail_jobs: dict[str, Job] = {}
+        self.request_trackers: dict[str, RequestTracker] = {}
+        self.unfinished_requests: dict[str, tuple[RequestLike, tuple[list[int], ...]]] = {}
+        self.unfinished_request_ids: set[str] = set()
+        self.finished_partial_tails: dict[str, ReqMeta] = {}
 
     # --- admission ---------------------------------------------------------------------
 
@@ -89,8 +90,8 @@ class ConnectorScheduler:
                                  num_external: int) -> None:
         """mirrors ``update_state_after_alloc`` (MS:267-302)."""
         rid = request.request_id
-        self.unfinished[rid] = (request, block_ids if num_external > 0 else ())
-        self.unfinished_ids.add(rid)
+        self.unfinished_requests[rid] = (request, block_ids if num_external > 0 else ())
+        self.unfinished_request_ids.add(rid)
         spec = self.load_specs.get(rid)
         if spec is None:
             return
@@ -102,23 +103,24 @@ class ConnectorScheduler:
 
     # --- one scheduler step ------------------------------------------------------------
 
-    def build_step(self, scheduled: list[Scheduled], finished: set[str], preempted: set[str],
-                   offloads: Offloads,
-                   current_table: Callable[[str], tuple[list[int], ...] | None]) -> list[Job]:
+    def build_connector_meta(
+            self, scheduled: list[Scheduled], finished: set[str], preempted: set[str],
+            offloads: Offloads, current_table: Callable[[str], tuple[list[int], ...] | None],
+    ) -> list[ReqMeta]:
         """mirrors ``build_connector_meta`` (MS:304-525); returns the step's metadata rows."""
         conf, geo = self.conf, self.geo
         is_consumer = conf.is_consumer
         for rid in finished:
             self.load_specs.pop(rid, None)
-            self.trackers.pop(rid, None)
-            self.unfinished.pop(rid, None)
-            self.unfinished_ids.discard(rid)
+            self.request_trackers.pop(rid, None)
+            self.unfinished_requests.pop(rid, None)
+            self.unfinished_request_ids.discard(rid)
         for rid in preempted:
             self.load_specs.pop(rid, None)
-            if (t := self.trackers.get(rid)) is not None:
+            if (t := self.request_trackers.get(rid)) is not None:
                 t.reset()
-            self.unfinished.pop(rid, None)
-        rows: list[Job] = []
+            self.unfinished_requests.pop(rid, None)
+        rows: list[ReqMeta] = []
         new = [s for s in scheduled if s.kind == "new"]
         # CachedRequestData lists running requests, then resumed ones (SC:1939).
         cached = [s for s in scheduled if s.kind == "running"]
@@ -129,46 +131,47 @@ class ConnectorScheduler:
             for s in cached:
                 rows += self._cached_request(s, is_consumer)
         scheduled_ids = {s.request.request_id for s in scheduled}
-        for rid, (req, block_ids) in list(self.unfinished.items()):
+        for rid, (req, block_ids) in list(self.unfinished_requests.items()):
             if rid in scheduled_ids:
                 continue
             spec = self.load_specs.pop(rid, None)
             if spec is None or not spec.can_load:
                 continue
-            t = Tracker(rid, spec.kvpool_cached_tokens, block_ids)
-            self.trackers[rid] = t
+            t = RequestTracker(req_id=rid, token_len=spec.kvpool_cached_tokens,
+                               allocated_block_ids=block_ids)
+            self.request_trackers[rid] = t
             job = from_request_tracker(t, geo.lcm_block_size, req.block_hashes, load_spec=spec,
                                        skip_save=None, num_prompt_tokens=req.num_prompt_tokens)
             if job is not None:
                 rows.append(job)
         if offloads and not is_consumer:
-            self._handle_offloads(offloads, rows)
+            self._handle_boundary_state_offloads(offloads, rows)
         for job in rows:  # _apply_current_save_block_ids (MS:527-548)
             if job.can_save:
-                table = current_table(job.rid)
-                assert table is not None, f"Missing current block table for {job.rid}"
+                table = current_table(job.req_id)
+                assert table is not None, f"Missing current block table for {job.req_id}"
                 job.block_ids = tuple(list(ids) for ids in table)
-        rows.extend(self.finished_tail_jobs.values())
-        self.finished_tail_jobs.clear()
+        rows.extend(self.finished_partial_tails.values())
+        self.finished_partial_tails.clear()
         if not conf.capacity_only:
             self._reference_save_blocks(rows)
         return rows
 
-    def _new_request(self, s: Scheduled, is_consumer: bool) -> list[Job]:
+    def _new_request(self, s: Scheduled, is_consumer: bool) -> list[ReqMeta]:
         req = s.request
         rid = req.request_id
         spec = self.load_specs.pop(rid, None)
-        assert rid in self.unfinished
-        t = Tracker(rid, s.num_computed_tokens + s.num_scheduled,
-                    tuple(list(ids) for ids in s.block_ids),
-                    prefill_end_tokens=req.num_prompt_tokens)
-        self.trackers[rid] = t
+        assert rid in self.unfinished_requests
+        t = RequestTracker(req_id=rid, token_len=s.num_computed_tokens + s.num_scheduled,
+                           allocated_block_ids=tuple(list(ids) for ids in s.block_ids),
+                           prefill_end_tokens=req.num_prompt_tokens)
+        self.request_trackers[rid] = t
         job = from_request_tracker(
             t, self.geo.lcm_block_size, req.block_hashes, load_spec=spec, skip_save=is_consumer,
             save_partial_tail=self.geo.partial_hits, num_prompt_tokens=req.num_prompt_tokens)
         return [job] if job is not None else []
 
-    def _cached_request(self, s: Scheduled, is_consumer: bool) -> list[Job]:
+    def _cached_request(self, s: Scheduled, is_consumer: bool) -> list[ReqMeta]:
         req = s.request
         rid = req.request_id
         # ``get_block_ids(allow_none=True)``: None when every group is empty.
@@ -177,20 +180,21 @@ class ConnectorScheduler:
             if not new_ids:
                 return []
             spec = self.load_specs.pop(rid, None)
-            real, _ = self.unfinished[rid]
-            t = Tracker(rid, real.num_computed_tokens + s.num_scheduled, new_ids,
-                        prefill_end_tokens=len(real.all_token_ids))
-            self.trackers[rid] = t
+            real, _ = self.unfinished_requests[rid]
+            t = RequestTracker(req_id=rid, token_len=real.num_computed_tokens + s.num_scheduled,
+                               allocated_block_ids=new_ids,
+                               prefill_end_tokens=len(real.all_token_ids))
+            self.request_trackers[rid] = t
             job = from_request_tracker(
                 t, self.geo.lcm_block_size, real.block_hashes, load_spec=spec,
                 skip_save=is_consumer, save_partial_tail=self.geo.partial_hits,
                 num_prompt_tokens=real.num_prompt_tokens)
             return [job] if job is not None else []
-        t = self.trackers[rid]
+        t = self.request_trackers[rid]
         is_decode = s.num_computed_tokens >= t.prefill_end_tokens
         if is_decode and not self.conf.save_decode_cache:
             return []
-        entry = self.unfinished.get(rid)
+        entry = self.unfinished_requests.get(rid)
         if entry is None:
             raise ValueError(f"Request {rid} is not in _unfinished_requests")
         real = entry[0]
@@ -204,12 +208,12 @@ class ConnectorScheduler:
             save_partial_tail=self.geo.partial_hits, num_prompt_tokens=real.num_prompt_tokens)
         return [job] if job is not None else []
 
-    def _handle_offloads(self, offloads: Offloads, rows: list[Job]) -> None:
+    def _handle_boundary_state_offloads(self, offloads: Offloads, rows: list[ReqMeta]) -> None:
         """mirrors ``_handle_boundary_state_offloads`` (MS:672-727)."""
-        save_rows = {j.rid: j for j in rows if j.can_save}
+        save_rows = {j.req_id: j for j in rows if j.can_save}
         for rid, entries in offloads.items():
-            t = self.trackers.get(rid)
-            entry = self.unfinished.get(rid)
+            t = self.request_trackers.get(rid)
+            entry = self.unfinished_requests.get(rid)
             if t is None or entry is None:
                 continue  # finished/preempted within this step: dropped
             accepted: list[BoundaryPut] = []
@@ -226,26 +230,26 @@ class ConnectorScheduler:
                 job.boundary_puts = accepted  # replaces, as vLLM does
                 continue
             req = entry[0]
-            rows.append(Job(
-                rid=rid, token_len_chunk=0, block_ids=t.allocated_block_ids,
+            rows.append(ReqMeta(
+                req_id=rid, token_len_chunk=0, block_ids=t.allocated_block_ids,
                 block_hashes=req.block_hashes, can_save=True,
                 num_prompt_tokens=req.num_prompt_tokens,
                 prefill_end_tokens=t.prefill_end_tokens, boundary_puts=accepted,
                 completed_token_len=t.token_len))
 
-    def _reference_save_blocks(self, rows: list[Job]) -> None:
+    def _reference_save_blocks(self, rows: list[ReqMeta]) -> None:
         """mirrors ``_reference_save_blocks`` (MS:550-598): job ids and pins."""
         for job in rows:
             if not job.can_save:
                 continue
             if job.store_job_id is not None:
-                assert job.store_job_id in self.pinned
+                assert job.store_job_id in self.pinned_saves
                 continue
             tail = partial_tail_puts(self.geo, job)
             if tail:
                 job.boundary_puts = [*tail, *job.boundary_puts]
-            job.store_job_id = self.next_job_id
-            self.next_job_id += 1
+            job.store_job_id = self.next_store_job_id
+            self.next_store_job_id += 1
             ids = [p.block_id for p in job.boundary_puts]
             assert NULL_BLOCK_ID not in ids, "A null block cannot back a boundary put"
             if job.token_len_chunk:
@@ -255,34 +259,35 @@ class ConnectorScheduler:
             ids = list(dict.fromkeys(ids))
             if not ids:
                 continue
-            self.pinned[job.store_job_id] = (ids, self.num_workers)
+            self.pinned_saves[job.store_job_id] = (ids, self.num_workers)
             self.pool.touch_ids(ids)
 
     # --- finish-time hand-off ----------------------------------------------------------
 
     def register_finished_partial_tail(self, request: RequestLike,
                                        block_ids: tuple[list[int], ...],
-                                       tails: list[tuple[int, int, int]]) -> Job | None:
+                                       partial_tail_offloads: list[tuple[int, int, int]],
+                                       ) -> ReqMeta | None:
         """mirrors ``register_finished_partial_tail`` (MS:600-670): pin the finish-time tail
         (and its attention tail puts) now, emit the job with the next step. Never delays the
         core free (returns the job, vLLM returns False)."""
-        if self.conf.is_consumer or not tails:
+        if self.conf.is_consumer or not partial_tail_offloads:
             return None
-        t = self.trackers.get(request.request_id)
+        t = self.request_trackers.get(request.request_id)
         if t is None or not any(block_ids):
             return None
-        boundaries = {b for _, _, b in tails}
+        boundaries = {b for _, _, b in partial_tail_offloads}
         if len(boundaries) != 1:
             raise ValueError("Partial-tail offloads for one request must share a boundary")
         boundary = next(iter(boundaries))
         if boundary > t.prefill_end_tokens:
             return None
         mamba_puts: list[BoundaryPut] = []
-        for gid, block_id, b in tails:
+        for gid, block_id, b in partial_tail_offloads:
             if gid not in self.geo.mamba_group_ids or block_id == NULL_BLOCK_ID:
                 return None
             mamba_puts.append(BoundaryPut(gid, block_id, b))
-        job = Job(rid=request.request_id, token_len_chunk=0,
+        job = ReqMeta(req_id=request.request_id, token_len_chunk=0,
                   block_ids=tuple(list(ids) for ids in block_ids),
                   block_hashes=list(request.block_hashes), can_save=True,
                   num_prompt_tokens=request.num_prompt_tokens,
@@ -290,34 +295,34 @@ class ConnectorScheduler:
                   completed_token_len=request.num_computed_tokens)
         job.boundary_puts = [*partial_tail_puts(self.geo, job), *mamba_puts]
         ids = list(dict.fromkeys(p.block_id for p in job.boundary_puts))
-        assert request.request_id not in self.finished_tail_jobs
-        job.store_job_id = self.next_job_id
-        self.next_job_id += 1
-        self.pinned[job.store_job_id] = (ids, self.num_workers)
+        assert request.request_id not in self.finished_partial_tails
+        job.store_job_id = self.next_store_job_id
+        self.next_store_job_id += 1
+        self.pinned_saves[job.store_job_id] = (ids, self.num_workers)
         self.pool.touch_ids(ids)
-        self.finished_tail_jobs[request.request_id] = job
+        self.finished_partial_tails[request.request_id] = job
         t.has_pending_offload = True
         return job
 
     # --- completion --------------------------------------------------------------------
 
-    def update_connector_output(self, completed: dict[int, int]) -> list[int]:
+    def update_connector_output(self, completed_saves: dict[int, int]) -> list[int]:
         """mirrors ``update_connector_output`` (MS:729-751); returns the released job ids."""
         released = []
-        for job_id, count in completed.items():
-            entry = self.pinned.get(job_id)
+        for job_id, count in completed_saves.items():
+            entry = self.pinned_saves.get(job_id)
             if entry is None:
                 continue  # the job pinned nothing
             ids, remaining = entry
             remaining -= count
             if remaining > 0:
-                self.pinned[job_id] = (ids, remaining)
+                self.pinned_saves[job_id] = (ids, remaining)
                 continue
             assert remaining == 0, f"store job {job_id} reported by too many ranks"
-            del self.pinned[job_id]
+            del self.pinned_saves[job_id]
             self.pool.free_ids(list(reversed(ids)))
             released.append(job_id)
         return released
 
     def has_pending_push_work(self) -> bool:
-        return bool(self.pinned)
+        return bool(self.pinned_saves)

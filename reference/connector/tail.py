@@ -9,13 +9,13 @@ arithmetic comes from ``spec/arithmetic.py`` so the model and the proofs share i
 from __future__ import annotations
 
 from tailproof.reference.connector.config import StoreGeometry
-from tailproof.reference.connector.meta import BoundaryPut, Job
+from tailproof.reference.connector.meta import BoundaryPut, ReqMeta
 from tailproof.spec.arithmetic import checkpoint_position, tail_put_range
 
 NULL_BLOCK_ID = 0
 
 
-def partial_tail_puts(geo: StoreGeometry, job: Job) -> list[BoundaryPut]:
+def partial_tail_puts(geo: StoreGeometry, job: ReqMeta) -> list[BoundaryPut]:
     """Non-Mamba tail puts of ``job``: due when it publishes the prompt tail or carries the
     Mamba sub-block tail at ``ck(P)``; groups whose proof is not computed yet are omitted."""
     mamba_tails = [p.num_tokens for p in job.boundary_puts
@@ -37,7 +37,7 @@ def partial_tail_puts(geo: StoreGeometry, job: Job) -> list[BoundaryPut]:
     for gid, bs in enumerate(geo.block_sizes):
         if gid in geo.mamba_group_ids:
             continue
-        margin = geo.eagle_margin_by_group.get(gid, 0)
+        margin = geo.eagle_proof_margin_by_group.get(gid, 0)
         proof_end = boundary + margin
         if proof_end > job.completed_token_len or proof_end // h > num_hashes:
             continue

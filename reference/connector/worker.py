@@ -24,7 +24,7 @@ from collections import deque
 from typing import Any
 
 from tailproof.reference.connector.config import StoreGeometry
-from tailproof.reference.connector.meta import Job
+from tailproof.reference.connector.meta import ReqMeta
 from tailproof.reference.connector.store import NO_AVAILABLE_HANDLE, ScriptedStore
 from tailproof.reference.connector.tail import NULL_BLOCK_ID
 from tailproof.spec.arithmetic import cdiv, round_down
@@ -38,60 +38,60 @@ class SendingWorker:
         self.rank = rank
         self.geo = geo
         self.store = store
-        self.ledger: dict[str, set[int]] = {}  # stored_requests: live job ids per request
-        self.completed: dict[int, int] = {}  # _completed_saves, drained by reports
-        self.pressure = False  # _store_pressure_active
-        self.skip: set[str] = set()  # _skip_store_requests
-        self.offsets: dict[str, int] = {}  # _saved_offset
-        self.queue: deque[Job] = deque()
+        self.stored_requests: dict[str, set[int]] = {}  # live job ids per request
+        self.completed_saves: dict[int, int] = {}  # drained by reports
+        self.store_pressure_active = False
+        self.skip_store_requests: set[str] = set()
+        self.saved_offset: dict[str, int] = {}  # per-request resume point of the normal save
+        self.queue: deque[ReqMeta] = deque()
         self.finished_store_req: set[str] = set()
 
     # --- ledger ------------------------------------------------------------------------
 
-    def add(self, job: Job) -> None:
+    def add_request(self, job: ReqMeta) -> None:
         """``add_request``: register before enqueueing (MW:463-470)."""
         assert job.store_job_id is not None
-        self.ledger.setdefault(job.rid, set()).add(job.store_job_id)
+        self.stored_requests.setdefault(job.req_id, set()).add(job.store_job_id)
         self.queue.append(job)
 
-    def _live(self, job: Job) -> bool:
-        return job.store_job_id in self.ledger.get(job.rid, ())
+    def _live(self, job: ReqMeta) -> bool:
+        return job.store_job_id in self.stored_requests.get(job.req_id, ())
 
-    def _delete(self, rid: str) -> None:
+    def delete_finished_stored_request(self, rid: str) -> None:
         """``delete_finished_stored_request`` (MW:478-484)."""
-        self.ledger.pop(rid, None)
-        self.skip.discard(rid)
-        self.offsets.pop(rid, None)
+        self.stored_requests.pop(rid, None)
+        self.skip_store_requests.discard(rid)
+        self.saved_offset.pop(rid, None)
 
-    def close_ended(self, finished: set[str], preempted: set[str]) -> None:
+    def close_ended_store_requests(self, finished: set[str], preempted: set[str]) -> None:
         """``_close_ended_store_requests``: preempted now, finished once drained."""
         for rid in preempted:
-            self._delete(rid)
+            self.delete_finished_stored_request(rid)
         for rid in finished | self.finished_store_req:
-            if self.ledger.get(rid):
+            if self.stored_requests.get(rid):
                 self.finished_store_req.add(rid)
             else:
                 self.finished_store_req.discard(rid)
-                self._delete(rid)
+                self.delete_finished_stored_request(rid)
 
-    def take_completed(self) -> dict[int, int]:
-        out, self.completed = self.completed, {}
+    def take_completed_saves(self) -> dict[int, int]:
+        out, self.completed_saves = self.completed_saves, {}
         return out
 
     # --- pressure gate (MW:548-569) -----------------------------------------------------
 
-    def _mark_pressure(self, job: Job) -> None:
-        self.pressure = True
+    def _mark_pressure(self, job: ReqMeta) -> None:
+        self.store_pressure_active = True
         if self._live(job):
-            self.skip.add(job.rid)
+            self.skip_store_requests.add(job.req_id)
 
     def _clear_pressure(self) -> None:
-        self.pressure = False
-        self.skip.clear()
+        self.store_pressure_active = False
+        self.skip_store_requests.clear()
 
     # --- jobs --------------------------------------------------------------------------
 
-    def run(self, n: int | None) -> list[tuple[Job, int, str | None]]:
+    def run(self, n: int | None) -> list[tuple[ReqMeta, int, str | None]]:
         """Run up to ``n`` queued jobs (all when None), FIFO. Returns (job, index of its first
         store-log entry, exception class name or None) per job."""
         out = []
@@ -106,23 +106,23 @@ class SendingWorker:
             out.append((job, first, err))
         return out
 
-    def handle(self, job: Job) -> None:
+    def handle(self, job: ReqMeta) -> None:
         try:
-            self._handle(job)
+            self._handle_request(job)
         finally:
-            live = self.ledger.get(job.rid)
+            live = self.stored_requests.get(job.req_id)
             if live is not None:
                 live.discard(job.store_job_id)  # type: ignore[arg-type]
             jid = job.store_job_id
             assert jid is not None
-            self.completed[jid] = self.completed.get(jid, 0) + 1
+            self.completed_saves[jid] = self.completed_saves.get(jid, 0) + 1
 
-    def _handle(self, job: Job) -> None:
+    def _handle_request(self, job: ReqMeta) -> None:
         geo = self.geo
         token_len = round_down(job.token_len_chunk, geo.lcm_block_size)
         if not self._live(job):
             return
-        if self.pressure and job.rid in self.skip:
+        if self.store_pressure_active and job.req_id in self.skip_store_requests:
             return
         if not self._boundary_puts(job):
             return
@@ -130,12 +130,12 @@ class SendingWorker:
             return
         self._normal_save(job, token_len)
 
-    def _key(self, gid: int, job: Job, boundary: int) -> tuple[Key, Tag]:
+    def _key(self, gid: int, job: ReqMeta, boundary: int) -> tuple[Key, Tag]:
         h = self.geo.hash_block_size
         digest = bytes(job.block_hashes[boundary // h - 1])
-        return (self.rank, gid, digest), (self.rank, gid, boundary, job.rid)
+        return (self.rank, gid, digest), (self.rank, gid, boundary, job.req_id)
 
-    def _put(self, job: Job, keys: list[Key], tags: list[Tag]) -> str:
+    def _put(self, job: ReqMeta, keys: list[Key], tags: list[Tag]) -> str:
         """Dedupe against the store, then put the missing keys in one batch.
 
         Returns "none" (everything already present: no put, the gate untouched), "ok", or
@@ -153,7 +153,7 @@ class SendingWorker:
             self._mark_pressure(job)
         return "failed" if failed else "ok"
 
-    def _boundary_puts(self, job: Job) -> bool:
+    def _boundary_puts(self, job: ReqMeta) -> bool:
         """``_maybe_offload_boundary_states`` (MW:571-725)."""
         if not job.boundary_puts or not job.block_hashes:
             return True
@@ -176,9 +176,9 @@ class SendingWorker:
             self._clear_pressure()
         return result != "failed"
 
-    def _normal_save(self, job: Job, token_len: int) -> None:
+    def _normal_save(self, job: ReqMeta, token_len: int) -> None:
         geo = self.geo
-        start = self.offsets.get(job.rid, 0)
+        start = self.saved_offset.get(job.req_id, 0)
         keys: list[Key] = []
         tags: list[Tag] = []
         assert token_len // geo.hash_block_size <= len(job.block_hashes)
@@ -199,12 +199,13 @@ class SendingWorker:
         if result == "ok":
             self._clear_pressure()
 
-    def _record_saved(self, job: Job, token_len: int) -> None:
+    def _record_saved(self, job: ReqMeta, token_len: int) -> None:
         if self._live(job):
-            self.offsets[job.rid] = token_len
+            self.saved_offset[job.req_id] = token_len
 
     # --- observation -------------------------------------------------------------------
 
     def state(self) -> dict[str, Any]:
-        return {"pressure": self.pressure, "skipped": sorted(self.skip),
-                "offsets": {r: n for r, n in sorted(self.offsets.items())}}
+        return {"pressure": self.store_pressure_active,
+                "skipped": sorted(self.skip_store_requests),
+                "offsets": {r: n for r, n in sorted(self.saved_offset.items())}}

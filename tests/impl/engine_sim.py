@@ -189,9 +189,9 @@ class Engine:
                 if job.req_id in ws.failed_recving or failed_sync:
                     continue  # failed closed: nothing was written, vLLM recomputes
                 req = reqs[job.req_id]
-                start = job.local_tokens // self.sched.block_size * self.sched.block_size
+                start = job.vllm_cached_tokens // self.sched.block_size * self.sched.block_size
                 log.byte_errors += runner.check(job.req_id, req.all_token_ids, start,
-                                                job.hit_tokens, job.block_ids)
+                                                job.kvpool_cached_tokens, job.block_ids)
             wc.wait_for_save()
             res = wc.get_transfer_results(so.finished_req_ids)
             kvo = KVConnectorOutput(

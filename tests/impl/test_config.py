@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from tailproof.impl.config import ConfigError, Geometry, check_geometry, parse_settings
+from tailproof.impl.config import ConfigError, StoreGeometry, check_geometry, parse_settings
 
 
 def test_defaults() -> None:
     s = parse_settings({}, "kv_both")
-    assert s.store == "memory" and s.saves and s.loads and s.load_async
+    assert s.store == "memory" and s.is_producer and s.enable_lookup and s.load_async
     assert s.store_config == {"backend": "memory"}
 
 
@@ -18,7 +18,7 @@ def test_store_settings_are_flat_and_passed_through() -> None:
                         "protocol": "tcp"}, "kv_producer")
     assert s.store_config == {"backend": "mooncake", "master_address": "127.0.0.1:50051",
                               "protocol": "tcp"}
-    assert s.saves and not s.is_consumer
+    assert s.is_producer and not s.is_consumer
 
 
 def test_every_problem_is_reported_at_once() -> None:
@@ -46,10 +46,10 @@ def test_bool_is_not_a_count() -> None:
         parse_settings({"put_batch_size": True}, None)
 
 
-def _geom(sizes: tuple[int, ...], h: int, lcm: int) -> Geometry:
-    return Geometry(core_group_ids=tuple(range(len(sizes))), block_sizes=sizes,
-                    is_mamba=(False,) * (len(sizes) - 1) + (True,), hash_block_size=h,
-                    lcm_block_size=lcm, partial_hits=True, use_eagle=False)
+def _geom(sizes: tuple[int, ...], h: int, lcm: int) -> StoreGeometry:
+    return StoreGeometry(core_group_ids=tuple(range(len(sizes))), block_sizes=sizes,
+                         is_mamba=(False,) * (len(sizes) - 1) + (True,), hash_block_size=h,
+                         lcm_block_size=lcm, partial_hits=True, use_eagle=False)
 
 
 def test_h_must_divide_every_block_size() -> None:
@@ -60,8 +60,8 @@ def test_h_must_divide_every_block_size() -> None:
 
 
 def test_eagle_margin_and_alignment() -> None:
-    g = Geometry(core_group_ids=(0, 1), block_sizes=(16, 16), is_mamba=(False, True),
-                 hash_block_size=4, lcm_block_size=16, partial_hits=True, use_eagle=True,
-                 eagle_groups=frozenset({0, 1}))
-    assert g.alignment == 4 and g.proof_margin(0) == 4 and g.proof_margin(1) == 0
+    g = StoreGeometry(core_group_ids=(0, 1), block_sizes=(16, 16), is_mamba=(False, True),
+                      hash_block_size=4, lcm_block_size=16, partial_hits=True, use_eagle=True,
+                      eagle_group_ids=frozenset({0, 1}))
+    assert g.alignment == 4 and g.eagle_proof_margin(0) == 4 and g.eagle_proof_margin(1) == 0
     assert g.align_lookup_length(45) == 44

@@ -6,15 +6,16 @@ from types import SimpleNamespace
 
 import pytest
 
-from tailproof.impl.config import Geometry, Settings
+from tailproof.impl.config import Settings, StoreGeometry
 from tailproof.impl.meta import BoundaryPut, StoreJob, TailproofWorkerMeta
 from tailproof.impl.scheduler_side import SchedulerSide
 
 
 def side(fa_bs: int, eagle: bool, workers: int = 1) -> SchedulerSide:
-    g = Geometry(core_group_ids=(0, 1), block_sizes=(fa_bs, 16), is_mamba=(False, True),
+    g = StoreGeometry(core_group_ids=(0, 1), block_sizes=(fa_bs, 16), is_mamba=(False, True),
                  hash_block_size=4, lcm_block_size=16, partial_hits=True, use_eagle=eagle,
-                 eagle_groups=frozenset({0, 1}) if eagle else frozenset(), num_blocks=64)
+                      eagle_group_ids=frozenset({0, 1}) if eagle else frozenset(),
+                      num_blocks=64)
     return SchedulerSide(Settings(), g, None, workers)
 
 
@@ -31,19 +32,22 @@ def test_attention_tail_puts_match_vllm(fa_bs: int, eagle: bool, prompt: int,
     Mamba 16, checkpoint 44; block ids are table index + 1."""
     s = side(fa_bs, eagle)
     table = list(range(1, 64 // fa_bs + 1))
-    save = StoreJob(None, "r", 0, (table, [0, 0, 30]), [b"x"] * 16, [BoundaryPut(1, 30, 44)],
-                    completed=49, num_prompt_tokens=prompt)
-    assert [(p.block_id, p.num_tokens) for p in s.tail_puts(save) if p.group == 0] == want
+    save = StoreJob(req_id="r", token_len_chunk=0, block_ids=(table, [0, 0, 30]),
+                    block_hashes=[b"x"] * 16, boundary_puts=[BoundaryPut(1, 30, 44)],
+                    completed_token_len=49, num_prompt_tokens=prompt)
+    got = s.partial_tail_puts(save)
+    assert [(p.block_id, p.num_tokens) for p in got if p.group_id == 0] == want
 
 
 def test_tail_puts_skip_null_and_unfinished_proof() -> None:
     s = side(4, True)
     table = [1, 2, 3, 4, 5, 6, 7, 8, 0, 10, 11, 12]
-    save = StoreJob(None, "r", 0, (table, [0, 0, 30]), [b"x"] * 16, [BoundaryPut(1, 30, 44)],
-                    completed=47, num_prompt_tokens=49)
-    assert s.tail_puts(save) == []  # proof end 48 not computed yet
-    save.completed = 49
-    assert [p.block_id for p in s.tail_puts(save)] == [10, 11, 12]  # null block 9 skipped
+    save = StoreJob(req_id="r", token_len_chunk=0, block_ids=(table, [0, 0, 30]),
+                    block_hashes=[b"x"] * 16, boundary_puts=[BoundaryPut(1, 30, 44)],
+                    completed_token_len=47, num_prompt_tokens=49)
+    assert s.partial_tail_puts(save) == []  # proof end 48 not computed yet
+    save.completed_token_len = 49
+    assert [p.block_id for p in s.partial_tail_puts(save)] == [10, 11, 12]  # null block 9 skipped
 
 
 class Pool:
@@ -65,31 +69,33 @@ class Pool:
 def test_pins_released_once_after_every_worker() -> None:
     s = side(16, False, workers=2)
     pool = Pool()
-    s.bind_block_pool(pool)
+    s.bind_gpu_block_pool(pool)
     job = s._take_pins([5, 6])
-    assert pool.blocks[5].ref_cnt == 1 and s.pinned[job] == ([5, 6], 2)
-    s.update_connector_output(TailproofWorkerMeta({job: 1}))
+    assert pool.blocks[5].ref_cnt == 1 and s.pinned_saves[job] == ([5, 6], 2)
+    s.update_connector_output(TailproofWorkerMeta(completed_saves={job: 1}))
     assert pool.blocks[5].ref_cnt == 1 and s.has_pending_push_work()
-    s.update_connector_output(TailproofWorkerMeta({job: 1}))
+    s.update_connector_output(TailproofWorkerMeta(completed_saves={job: 1}))
     assert pool.blocks[5].ref_cnt == 0 and not s.has_pending_push_work()
-    s.update_connector_output(TailproofWorkerMeta({job: 1}))  # unknown job: ignored
+    s.update_connector_output(TailproofWorkerMeta(completed_saves={job: 1}))  # unknown: ignored
     job2 = s._take_pins([7])
     with pytest.raises(AssertionError, match="too many"):
-        s.update_connector_output(TailproofWorkerMeta({job2: 3}))
+        s.update_connector_output(TailproofWorkerMeta(completed_saves={job2: 3}))
     with pytest.raises(AssertionError, match="null"):
         s._take_pins([0])
 
 
 def test_failed_load_is_not_offered_again() -> None:
     from tailproof.impl.lookup import LookupResult
+    from tailproof.impl.meta import TailKeyBoundary
 
     s = side(16, False)
-    s.lookup_client = SimpleNamespace(lookup=lambda n, h: LookupResult(32, (32, 32)))
+    hit = LookupResult(32, (TailKeyBoundary(0, 32), TailKeyBoundary(1, 32)))
+    s.lookup_client = SimpleNamespace(lookup=lambda n, h: hit)
     req = SimpleNamespace(request_id="r", num_tokens=45, block_hashes=[b"x"] * 11)
     assert s.get_num_new_matched_tokens(req, 0) == (32, True)
     s.update_connector_output(None, failed_recving={"r"})
     assert s.get_num_new_matched_tokens(req, 0) == (0, False)
-    s.build_meta(SimpleNamespace(
+    s.build_connector_meta(SimpleNamespace(
         finished_req_ids={"r"}, preempted_req_ids=set(), scheduled_new_reqs=[],
         scheduled_cached_reqs=SimpleNamespace(req_ids=[], resumed_req_ids=set(),
                                               new_block_ids=[], num_computed_tokens=[]),

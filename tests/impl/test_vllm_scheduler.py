@@ -32,7 +32,7 @@ def _no_byte_errors(e: Engine) -> None:
 
 def _drained(e: Engine) -> None:
     """Everything finished: no pins left, no block referenced, a prefix reset succeeds."""
-    assert e.conn.scheduler_side.pinned == {}
+    assert e.conn.scheduler_side.pinned_saves == {}
     assert e.refcounts() == {}
     assert e.sched.kv_cache_manager.reset_prefix_cache()
 
@@ -54,8 +54,8 @@ def store_ns(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
 def test_connector_is_loaded_from_kv_transfer_config(store_ns: dict) -> None:
     e = Engine(store_ns)
     assert isinstance(e.conn, TailproofConnector)
-    assert e.conn.geom.partial_hits and e.conn.geom.alignment == 4
-    assert e.conn.geom.lcm_block_size == 16 and e.conn.geom.is_mamba == (False, True)
+    assert e.conn.geo.partial_hits and e.conn.geo.alignment == 4
+    assert e.conn.geo.lcm_block_size == 16 and e.conn.geo.is_mamba == (False, True)
     e.shutdown()
 
 
@@ -67,8 +67,8 @@ def test_multi_turn_conversation_across_engines(store_ns: dict) -> None:
     logs = e1.run()
     assert [log.scheduled.get("t1") for log in logs[:3]] == [32, 12, 1]  # split at ck(45)=44
     puts = [p for log in logs for s in log.stores for p in s.boundary_puts]
-    assert (1, 44) in {(p.group, p.num_tokens) for p in puts}  # Mamba tail@44 (CoW target)
-    assert (0, 44) in {(p.group, p.num_tokens) for p in puts}  # FA tail block keyed at 44
+    assert (1, 44) in {(p.group_id, p.num_tokens) for p in puts}  # Mamba tail@44 (CoW target)
+    assert (0, 44) in {(p.group_id, p.num_tokens) for p in puts}  # FA tail block keyed at 44
     t1 = e1.log[-1]
     assert t1 is not None
     _drained(e1)
@@ -77,7 +77,7 @@ def test_multi_turn_conversation_across_engines(store_ns: dict) -> None:
     e2.add("t2", list(A), max_tokens=1)
     logs2 = e2.run()
     loads = [j for log in logs2 for j in log.loads]
-    assert [(j.local_tokens, j.hit_tokens) for j in loads] == [(0, 44)]
+    assert [(j.vllm_cached_tokens, j.kvpool_cached_tokens) for j in loads] == [(0, 44)]
     _no_byte_errors(e2)
     stats = e2.conn.scheduler_side.metrics
     assert stats is not None
@@ -87,7 +87,7 @@ def test_multi_turn_conversation_across_engines(store_ns: dict) -> None:
     e3.add("t3", list(A) + [7] * 30, max_tokens=2)
     logs3 = e3.run()
     loads3 = [j for log in logs3 for j in log.loads]
-    assert len(loads3) == 1 and loads3[0].hit_tokens >= 44
+    assert len(loads3) == 1 and loads3[0].kvpool_cached_tokens >= 44
     _no_byte_errors(e3)
     _drained(e3)
     for e in (e1, e2, e3):
@@ -103,7 +103,7 @@ def test_max_tokens_one_producer_hands_off_tail(store_ns: dict) -> None:
     e2 = Engine(store_ns)
     e2.add("c", A + [5, 6, 7], max_tokens=1)
     logs = e2.run()
-    assert [j.hit_tokens for log in logs for j in log.loads] == [44]
+    assert [j.kvpool_cached_tokens for log in logs for j in log.loads] == [44]
     _no_byte_errors(e2)
     _drained(e2)
 
@@ -120,7 +120,7 @@ def test_failed_load_is_recomputed_never_served(store_ns: dict) -> None:
     req = e2.add("c", list(A), max_tokens=1)
     logs = e2.run()
     # One load, failed; the request is not offered the store again (no retry livelock).
-    assert [j.hit_tokens for log in logs for j in log.loads] == [44]
+    assert [j.kvpool_cached_tokens for log in logs for j in log.loads] == [44]
     # The failed load was not served: the request recomputed its whole prompt.
     assert sum(log.scheduled.get("c", 0) for log in logs) == len(A)
     assert req.num_output_tokens == 1
@@ -162,7 +162,7 @@ def test_two_workers_pins_released_after_both_report(store_ns: dict) -> None:
     e2 = Engine(store_ns, num_workers=2)
     e2.add("c", list(A), max_tokens=1)
     logs = e2.run()
-    assert [j.hit_tokens for log in logs for j in log.loads] == [44]
+    assert [j.kvpool_cached_tokens for log in logs for j in log.loads] == [44]
     _no_byte_errors(e2)
     _drained(e2)
 
@@ -176,7 +176,7 @@ def test_pins_hold_blocks_until_reported(store_ns: dict) -> None:
     assert jobs
     side = e.conn.scheduler_side
     for job in jobs:
-        ids, left = side.pinned[job.job_id]
+        ids, left = side.pinned_saves[job.store_job_id]
         assert left == 1
         assert all(e.sched.kv_cache_manager.block_pool.blocks[b].ref_cnt >= 1 for b in ids)
     e.shutdown()
@@ -191,7 +191,7 @@ def test_preemption_and_resume(store_ns: dict) -> None:
     logs = e.run(200)
     assert a.num_preemptions + b.num_preemptions >= 1
     assert a.num_output_tokens == b.num_output_tokens == 20
-    assert [j.hit_tokens for log in logs for j in log.loads]  # the resumed request loaded
+    assert [j.kvpool_cached_tokens for log in logs for j in log.loads]  # the resumed request loaded
     _no_byte_errors(e)
     _drained(e)
 
@@ -208,7 +208,7 @@ def test_multi_turn_on_mooncake(mooncake_master: str, store_ns: dict) -> None:
     e2 = Engine(cfg)
     e2.add("t2", list(A) + [4, 5], max_tokens=1)
     logs = e2.run()
-    assert [j.hit_tokens for log in logs for j in log.loads] == [44]
+    assert [j.kvpool_cached_tokens for log in logs for j in log.loads] == [44]
     _no_byte_errors(e2)
     _drained(e2)
     e1.shutdown()
@@ -246,16 +246,16 @@ def test_finish_time_handoff_of_aborted_producer(store_ns: dict) -> None:
     assert e1.step().scheduled == {"p": 12}  # computed = ck(45) = 44, nothing in flight
     e1.sched.finish_requests("p", RequestStatus.FINISHED_ABORTED)
     side = e1.conn.scheduler_side
-    assert list(side.finished_tails) == ["p"]
-    job = side.finished_tails["p"]
-    assert [(p.group, p.num_tokens) for p in job.boundary_puts] == [(0, 44), (1, 44)]
-    assert job.job_id in side.pinned  # pinned while the request still owned the blocks
+    assert list(side.finished_partial_tails) == ["p"]
+    job = side.finished_partial_tails["p"]
+    assert [(p.group_id, p.num_tokens) for p in job.boundary_puts] == [(0, 44), (1, 44)]
+    assert job.store_job_id in side.pinned_saves  # pinned while the request still owned the blocks
     e1.run()
     _drained(e1)
     e2 = Engine(store_ns)
     e2.add("c", A + [1, 2], max_tokens=1)
     logs = e2.run()
-    assert [j.hit_tokens for log in logs for j in log.loads] == [44]
+    assert [j.kvpool_cached_tokens for log in logs for j in log.loads] == [44]
     _no_byte_errors(e2)
     _drained(e2)
 
@@ -268,13 +268,13 @@ def test_smaller_attention_blocks_put_their_tail_blocks(store_ns: dict) -> None:
     e1.add("p", A, max_tokens=2)
     logs = e1.run()
     fa_tail = sorted(p.num_tokens for log in logs for s in log.stores for p in s.boundary_puts
-                     if p.group == 0)
+                     if p.group_id == 0)
     assert fa_tail == [40, 44]
     _drained(e1)
     e2 = Engine(store_ns, groups=groups)
     e2.add("c", A + [3, 3, 3], max_tokens=1)
     logs2 = e2.run()
-    assert [j.hit_tokens for log in logs2 for j in log.loads] == [44]
+    assert [j.kvpool_cached_tokens for log in logs2 for j in log.loads] == [44]
     _no_byte_errors(e2)
     _drained(e2)
 
@@ -297,7 +297,7 @@ def test_single_group_sync_loads(store_ns: dict, fail: bool) -> None:
     req = e2.add("c", list(range(10, 60)) + [1], max_tokens=1)
     logs = e2.run()
     loads = [j for log in logs for j in log.loads]
-    assert [(j.hit_tokens, j.is_async) for j in loads] == [(48, False)]
+    assert [(j.kvpool_cached_tokens, j.is_async) for j in loads] == [(48, False)]
     assert logs[0].scheduled["c"] == 51 - 48  # the load fed the same step's forward
     if fail:
         # vLLM rolled back to the first failed block and recomputed from there.

@@ -5,17 +5,23 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tailproof.impl.config import Geometry, Settings
+from tailproof.impl.config import Settings, StoreGeometry
 from tailproof.impl.kv_layout import KVLayout, find_block_dim
-from tailproof.impl.meta import BoundaryPut, LoadJob, StoreJob, TailproofMeta
+from tailproof.impl.meta import (
+    BoundaryPut,
+    LoadJob,
+    StoreJob,
+    TailKeyBoundary,
+    TailproofMeta,
+)
 from tailproof.impl.runner_sim import GroupShape, SimRunner
 from tailproof.impl.stores import MemoryStore, Outcome, Status
 from tailproof.impl.worker_side import WorkerSide
 
 H, BS, NB = 4, 16, 32
-GEOM = Geometry(core_group_ids=(0, 1), block_sizes=(BS, BS), is_mamba=(False, True),
-                hash_block_size=H, lcm_block_size=BS, partial_hits=True, use_eagle=False,
-                num_blocks=NB)
+GEO = StoreGeometry(core_group_ids=(0, 1), block_sizes=(BS, BS), is_mamba=(False, True),
+                    hash_block_size=H, lcm_block_size=BS, partial_hits=True, use_eagle=False,
+                    num_blocks=NB)
 SHAPES = [GroupShape("full_attention", BS, layers=2), GroupShape("mamba", BS, layers=2)]
 TOKENS = list(range(100, 160))
 HASHES = [bytes([i]) * 8 for i in range(len(TOKENS) // H)]  # stand-ins for block hashes
@@ -24,7 +30,7 @@ HASHES = [bytes([i]) * 8 for i in range(len(TOKENS) // H)]  # stand-ins for bloc
 def make_worker(store: MemoryStore, rank: int = 0, world: int = 1, device: str = "cpu",
                 **kw: int) -> tuple[WorkerSide, SimRunner]:
     runner = SimRunner(SHAPES, NB, rank=rank, device=device)
-    w = WorkerSide(Settings(**kw), GEOM, store, rank, world)
+    w = WorkerSide(Settings(**kw), GEO, store, rank, world)
     w.register_kv_caches(runner.kv, runner.layer_names)
     return w, runner
 
@@ -52,11 +58,24 @@ def test_layout_gather_scatter_roundtrip_with_kernel_blocks() -> None:
     assert torch.equal(m[0][9], m[0][5]) and torch.equal(m[1][9], m[1][5])
 
 
+def save(job: int, rid: str, token_len: int, tables: tuple[list[int], ...],
+         hashes: list[bytes], puts: list[BoundaryPut]) -> StoreJob:
+    return StoreJob(store_job_id=job, req_id=rid, token_len_chunk=token_len, block_ids=tables,
+                    block_hashes=hashes, boundary_puts=puts)
+
+
+def load_b(tables: tuple[list[int], ...]) -> LoadJob:
+    """Request B loads [0, 44) with both groups keyed at 44."""
+    return LoadJob(req_id="B", block_ids=tables, block_hashes=HASHES, vllm_cached_tokens=0,
+                   kvpool_cached_tokens=44,
+                   tail_key_boundaries=(TailKeyBoundary(0, 44), TailKeyBoundary(1, 44)))
+
+
 def produce(w: WorkerSide, runner: SimRunner, rid: str, end: int, tables: tuple[list[int], ...],
             puts: list[BoundaryPut], token_len: int, job: int = 0) -> None:
     runner.forward(rid, TOKENS, 0, end, tables)
     w.wait_for_save(TailproofMeta(stores=[
-        StoreJob(job, rid, token_len, tables, HASHES, puts)]))
+        save(job, rid, token_len, tables, HASHES, puts)]))
 
 
 def test_save_then_load_is_byte_exact_and_reports_jobs() -> None:
@@ -66,14 +85,14 @@ def test_save_then_load_is_byte_exact_and_reports_jobs() -> None:
     tables = ([1, 2, 3], [0, 0, 6])
     puts = [BoundaryPut(0, 3, 44), BoundaryPut(1, 6, 44)]
     produce(w, runner, "A", 44, tables, puts, token_len=32)
-    assert w.build_worker_meta().completed_jobs == {0: 1}
-    assert w.build_worker_meta() is None
+    assert w.build_connector_worker_meta().completed_saves == {0: 1}
+    assert w.build_connector_worker_meta() is None
     # 2 full FA blocks + FA tail@44 + Mamba@44.
     assert len(store._data) == 4
     # Consumer: fresh worker state, other blocks; load 44 tokens.
     w2, r2 = make_worker(store)
     ctab = ([7, 8, 9], [0, 0, 10])
-    w2.start_load(TailproofMeta(loads=[LoadJob("B", ctab, HASHES, 0, 44, (44, 44))]))
+    w2.start_load(TailproofMeta(loads=[load_b(ctab)]))
     assert w2.take_transfer_results() == ({"B"}, set())
     assert r2.check("B", TOKENS, 0, 44, ctab) == []
 
@@ -87,21 +106,21 @@ def test_load_reads_cow_target_not_source() -> None:
     runner.forward("A", TOKENS, 0, 44, tables)
     runner.copy_blocks([(6, 12)])  # running CoW: target 12 keeps state@44
     runner.forward("A", TOKENS, 44, 45, tables)  # source 6 moves on to state@45
-    w.wait_for_save(TailproofMeta(stores=[StoreJob(
+    w.wait_for_save(TailproofMeta(stores=[save(
         0, "A", 32, tables, HASHES, [BoundaryPut(0, 3, 44), BoundaryPut(1, 12, 44)])]))
     w2, r2 = make_worker(store)
     ctab = ([7, 8, 9], [0, 0, 10])
-    w2.start_load(TailproofMeta(loads=[LoadJob("B", ctab, HASHES, 0, 44, (44, 44))]))
+    w2.start_load(TailproofMeta(loads=[load_b(ctab)]))
     assert w2.take_transfer_results() == ({"B"}, set())
     assert r2.check("B", TOKENS, 0, 44, ctab) == []
     # The same put from the source block would be detected.
     store2 = MemoryStore()
     w3, r3 = make_worker(store2)
     r3.forward("A", TOKENS, 0, 45, tables)
-    w3.wait_for_save(TailproofMeta(stores=[StoreJob(
+    w3.wait_for_save(TailproofMeta(stores=[save(
         0, "A", 32, tables, HASHES, [BoundaryPut(0, 3, 44), BoundaryPut(1, 6, 44)])]))
     w4, r4 = make_worker(store2)
-    w4.start_load(TailproofMeta(loads=[LoadJob("B", ctab, HASHES, 0, 44, (44, 44))]))
+    w4.start_load(TailproofMeta(loads=[load_b(ctab)]))
     assert w4.take_transfer_results() == ({"B"}, set())
     assert r4.check("B", TOKENS, 0, 44, ctab) != []
 
@@ -115,7 +134,7 @@ def test_failed_get_fails_closed(status: Status) -> None:
     w2, r2 = make_worker(store)
     ctab = ([7, 8, 9], [0, 0, 10])
     store.faults.script("get", [None, Outcome(status)])
-    w2.start_load(TailproofMeta(loads=[LoadJob("B", ctab, HASHES, 0, 44, (44, 44))]))
+    w2.start_load(TailproofMeta(loads=[load_b(ctab)]))
     done, failed = w2.take_transfer_results()
     assert done == {"B"} and failed == {"B"}
     # Nothing was scattered: the blocks still hold zeros, never partial KV.
@@ -130,19 +149,20 @@ def test_pressure_gate_skips_then_clears() -> None:
     runner.forward("A", TOKENS, 0, 48, tables)
     runner.forward("B", TOKENS[::-1], 0, 48, ([4, 5, 6], [0, 0, 9]))
     store.faults.script("put", [Outcome.full(-200)])
-    job = StoreJob(0, "A", 32, tables, HASHES, [])
+    job = save(0, "A", 32, tables, HASHES, [])
     w.wait_for_save(TailproofMeta(stores=[job]))
-    assert w.gate.active and w.gate.skip == {"A"} and w.saved_offset.get("A") is None
+    assert w.gate.store_pressure_active and w.gate.skip_store_requests == {"A"}
+    assert w.saved_offset.get("A") is None
     puts_before = w.metrics.c.get("put_keys")
-    w.wait_for_save(TailproofMeta(stores=[StoreJob(1, "A", 48, tables, HASHES, [])]))
+    w.wait_for_save(TailproofMeta(stores=[save(1, "A", 48, tables, HASHES, [])]))
     assert w.metrics.c.get("put_keys") == puts_before  # skipped: zero puts
     assert w.metrics.c.get("jobs_skipped_pressure") == 1
     hb = [bytes([200 + i]) * 8 for i in range(12)]
-    w.wait_for_save(TailproofMeta(stores=[StoreJob(2, "B", 48, ([4, 5, 6], [0, 0, 9]), hb, [])]))
-    assert not w.gate.active and not w.gate.skip
-    w.wait_for_save(TailproofMeta(stores=[StoreJob(3, "A", 48, tables, HASHES, [])]))
+    w.wait_for_save(TailproofMeta(stores=[save(2, "B", 48, ([4, 5, 6], [0, 0, 9]), hb, [])]))
+    assert not w.gate.store_pressure_active and not w.gate.skip_store_requests
+    w.wait_for_save(TailproofMeta(stores=[save(3, "A", 48, tables, HASHES, [])]))
     assert w.saved_offset["A"] == 48  # resumed from offset 0
-    assert w.build_worker_meta().completed_jobs == {0: 1, 1: 1, 2: 1, 3: 1}
+    assert w.build_connector_worker_meta().completed_saves == {0: 1, 1: 1, 2: 1, 3: 1}
 
 
 def test_failed_boundary_put_skips_normal_save() -> None:
@@ -151,10 +171,10 @@ def test_failed_boundary_put_skips_normal_save() -> None:
     tables = ([1, 2, 3], [0, 0, 6])
     runner.forward("A", TOKENS, 0, 44, tables)
     store.faults.script("put", [Outcome.error()])
-    w.wait_for_save(TailproofMeta(stores=[StoreJob(0, "A", 32, tables, HASHES,
+    w.wait_for_save(TailproofMeta(stores=[save(0, "A", 32, tables, HASHES,
                                                    [BoundaryPut(1, 6, 44)])]))
     assert w.saved_offset.get("A") is None and not store._data
-    assert w.build_worker_meta().completed_jobs == {0: 1}
+    assert w.build_connector_worker_meta().completed_saves == {0: 1}
 
 
 def test_two_ranks_store_their_own_shards() -> None:
@@ -167,7 +187,7 @@ def test_two_ranks_store_their_own_shards() -> None:
     for rank in (0, 1):
         w, r = make_worker(store, rank=rank, world=2)
         ctab = ([7, 8, 9], [0, 0, 10])
-        w.start_load(TailproofMeta(loads=[LoadJob("B", ctab, HASHES, 0, 44, (44, 44))]))
+        w.start_load(TailproofMeta(loads=[load_b(ctab)]))
         assert w.take_transfer_results() == ({"B"}, set())
         assert r.check("B", TOKENS, 0, 44, ctab) == []
 
@@ -180,7 +200,7 @@ def test_small_staging_buffer_puts_in_batches() -> None:
     assert w.metrics.c.get("put_batches") == 3 and w.saved_offset["A"] == 48
     # Re-saving stores nothing new (keys exist) and still succeeds.
     w.saved_offset.clear()
-    w.wait_for_save(TailproofMeta(stores=[StoreJob(1, "A", 48, tables, HASHES, [])]))
+    w.wait_for_save(TailproofMeta(stores=[save(1, "A", 48, tables, HASHES, [])]))
     assert w.metrics.c.get("put_keys") == 3
 
 
@@ -194,10 +214,10 @@ def test_cuda_kv_roundtrip_with_pinned_staging() -> None:
     runner.forward("A", TOKENS, 0, 44, tables)
     runner.copy_blocks([(6, 12)])
     runner.forward("A", TOKENS, 44, 45, tables)
-    w.wait_for_save(TailproofMeta(stores=[StoreJob(
+    w.wait_for_save(TailproofMeta(stores=[save(
         0, "A", 32, tables, HASHES, [BoundaryPut(0, 3, 44), BoundaryPut(1, 12, 44)])]))
     w2, r2 = make_worker(store, device="cuda")
     ctab = ([7, 8, 9], [0, 0, 10])
-    w2.start_load(TailproofMeta(loads=[LoadJob("B", ctab, HASHES, 0, 44, (44, 44))]))
+    w2.start_load(TailproofMeta(loads=[load_b(ctab)]))
     assert w2.take_transfer_results() == ({"B"}, set())
     assert r2.check("B", TOKENS, 0, 44, ctab) == []
