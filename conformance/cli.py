@@ -104,7 +104,15 @@ def cmd_replay(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     with _impl_store(args, adapters):
         results = _run(traces, adapters, args.strict_ids, progress=False)
+    from tailproof.conformance.show import check_expect_keys, format_show, parse_range
+
+    for r in results:
+        check_expect_keys(r)
     summary = _summary(results, time.perf_counter() - t0)
+    if args.show:
+        for r in results:
+            print(format_show(r, parse_range(args.ops, len(r.trace.ops))))
+            print()
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
@@ -119,7 +127,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_record(args: argparse.Namespace) -> int:
-    """Fill each op's ``expect`` from one adapter's observations (for authoring cases)."""
+    """Fill each op's ``expect`` from one adapter's observations (for authoring cases);
+    written to ``-o FILE``, to stdout, or back into the trace with ``--in-place``."""
+    if args.output and args.in_place:
+        raise TraceError("-o/--output: give either -o FILE or --in-place, not both")
+    if len(args.traces) > 1 and not args.in_place:
+        raise TraceError("traces: several traces need --in-place (-o and stdout take one)")
     for path in args.traces:
         trace = load_trace(path)
         result = run_trace(trace, [args.adapter], strict=True)
@@ -128,8 +141,50 @@ def cmd_record(args: argparse.Namespace) -> int:
         for op_doc, o in zip(doc["ops"], obs, strict=True):
             if o is not None and (args.overwrite or "expect" not in op_doc):
                 op_doc["expect"] = o
-        Path(path).write_text(json.dumps(doc, indent=1) + "\n")
-        print(f"recorded {sum(o is not None for o in obs)} observations into {path}")
+        text = json.dumps(doc, indent=1) + "\n"
+        n = sum(o is not None for o in obs)
+        out = path if args.in_place else args.output
+        if out is None:
+            sys.stdout.write(text)
+            print(f"recorded {n} observations of {path}", file=sys.stderr)
+        else:
+            Path(out).write_text(text)
+            print(f"recorded {n} observations into {out}", file=sys.stderr)
+    return 0
+
+
+def cmd_capture(args: argparse.Namespace) -> int:
+    """Run a named workload on vLLM's real Scheduler (CPU) with the recorder attached."""
+    from tailproof.conformance.capture.run import CaptureError, capture
+
+    try:
+        res = capture(args.workload, args.output, seed=args.seed, connector=args.connector,
+                      geometry=args.geometry, redact=args.redact, max_bytes=args.max_bytes)
+    except CaptureError as e:
+        raise TraceError(str(e)) from None
+    extra = (f"; unmodelled calls: {res.unmodelled}" if res.unmodelled else "")
+    print(f"captured {args.workload}: {res.ops} ops, {res.steps} engine steps -> "
+          f"{res.path}{extra}", file=sys.stderr)
+    return 0
+
+
+def cmd_shrink(args: argparse.Namespace) -> int:
+    """Delta-debug a diverging trace down to a small one with the same divergence."""
+    from tailproof.conformance.capture.writer import write_trace
+    from tailproof.conformance.shrink import shrink
+
+    adapters = _parse_adapters(args.against)
+    trace = load_trace(args.trace)
+    res = shrink(trace, adapters, args.strict_ids,
+                 log=lambda m: print(f"  {m}", file=sys.stderr))
+    adapter, against, op, field = res.signature
+    print(f"shrunk {trace.source}: {res.ops_before} ops -> {res.ops_after} ops "
+          f"({res.runs} replays); divergence kept: {adapter} vs {against} on {op}.{field}",
+          file=sys.stderr)
+    if args.output:
+        write_trace(res.doc, args.output)
+    else:
+        sys.stdout.write(json.dumps(res.doc, indent=1) + "\n")
     return 0
 
 
@@ -206,13 +261,34 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--against", default="reference,vllm")
     r.add_argument("--strict-ids", action="store_true", help="compare block ids exactly")
     r.add_argument("--json", action="store_true")
+    r.add_argument("--show", action="store_true",
+                   help="print every op with each adapter's observation side by side")
+    r.add_argument("--ops", metavar="A:B", help="with --show: only ops A..B-1")
     _store_args(r)
     r.set_defaults(func=cmd_replay)
     rec = sub.add_parser("record", help="write one adapter's observations as expectations")
     rec.add_argument("traces", nargs="+")
     rec.add_argument("--adapter", default="vllm")
     rec.add_argument("--overwrite", action="store_true")
+    rec.add_argument("-o", "--output", metavar="FILE", help="write here (default: stdout)")
+    rec.add_argument("--in-place", action="store_true", help="rewrite each trace file")
     rec.set_defaults(func=cmd_record)
+    cap = sub.add_parser("capture", help="record a named workload on vLLM's real Scheduler")
+    cap.add_argument("--workload", required=True, help="chat, agent, preemption, aborts, "
+                     "max_tokens_1, resend")
+    cap.add_argument("-o", "--output", required=True, metavar="FILE")
+    cap.add_argument("--seed", type=int, default=0)
+    cap.add_argument("--connector", default="none", help="none (the only one recorded yet)")
+    cap.add_argument("--geometry", help="block geometry, e.g. fa16-m16-h4 (default)")
+    cap.add_argument("--redact", action="store_true", help="canonical token ids")
+    cap.add_argument("--max-bytes", type=int, help="rotate into segments past N bytes")
+    cap.set_defaults(func=cmd_capture)
+    sh = sub.add_parser("shrink", help="shrink a diverging trace, keeping its divergence")
+    sh.add_argument("trace")
+    sh.add_argument("--against", default="reference,vllm")
+    sh.add_argument("--strict-ids", action="store_true")
+    sh.add_argument("-o", "--output", metavar="FILE", help="write here (default: stdout)")
+    sh.set_defaults(func=cmd_shrink)
     v = sub.add_parser("validate", help="validate traces without running them")
     v.add_argument("traces", nargs="+")
     v.set_defaults(func=cmd_validate)

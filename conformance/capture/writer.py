@@ -1,0 +1,102 @@
+"""Stream a trace to disk op by op, in bounded memory, rotating into segments by size.
+
+The file is a tailproof-trace/1 document written incrementally: the header (format, name,
+provenance, config), then one op per line; ``close`` ends the JSON. Past ``max_bytes`` the
+writer closes the segment at the next step boundary and continues in ``<stem>.partNNN.json``
+(provenance ``segment`` n and ``continues`` the previous file). Segments after the first are
+continuations -- they start with requests and cached blocks the engine already had -- so they
+replay only joined to their predecessors: ``join_segments``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+_COMPACT = (",", ":")
+
+
+def segment_path(path: Path, n: int) -> Path:
+    return path if n == 0 else path.with_name(f"{path.stem}.part{n:03d}{path.suffix}")
+
+
+class TraceWriter:
+    """One capture's output: ``write`` an op, ``step_boundary`` to allow a rotation there."""
+
+    def __init__(self, path: str | Path, header: dict[str, Any],
+                 max_bytes: int | None = None) -> None:
+        self.path = Path(path)
+        self.header = header
+        self.max_bytes = max_bytes
+        self.segment = 0
+        self.paths: list[Path] = []
+        self.num_ops = 0
+        self._f: Any = None
+        self._open()
+
+    def _open(self) -> None:
+        p = segment_path(self.path, self.segment)
+        header = dict(self.header)
+        prov = dict(header.get("provenance", {}))
+        if self.segment:
+            prov["segment"] = self.segment
+            prov["continues"] = self.paths[-1].name
+        header["provenance"] = prov
+        head = json.dumps(header, indent=1)
+        assert head.endswith("}")
+        self._f = open(p, "w", buffering=1 << 16)  # noqa: SIM115 - closed by close()
+        self._f.write(head[:-1].rstrip() + ',\n "ops": [')
+        self._first = True
+        self._bytes = self._f.tell()
+        self.paths.append(p)
+
+    def write(self, op: dict[str, Any]) -> None:
+        text = json.dumps(op, separators=_COMPACT)
+        self._f.write(("\n  " if self._first else ",\n  ") + text)
+        self._first = False
+        self._bytes += len(text) + 4
+        self.num_ops += 1
+
+    def step_boundary(self) -> None:
+        """A place where a new segment may start (between engine steps)."""
+        if self.max_bytes is not None and self._bytes >= self.max_bytes:
+            self._close_segment()
+            self.segment += 1
+            self._open()
+
+    def flush(self) -> None:
+        self._f.flush()
+
+    def _close_segment(self) -> None:
+        self._f.write("\n ]\n}\n")
+        self._f.close()
+
+    def close(self) -> None:
+        if self._f is not None and not self._f.closed:
+            self._close_segment()
+
+
+def join_segments(paths: list[str | Path]) -> dict[str, Any]:
+    """One trace document from a rotated capture's segments, first to last."""
+    docs = [json.loads(Path(p).read_text()) for p in paths]
+    for i, d in enumerate(docs):
+        seg = d.get("provenance", {}).get("segment", 0)
+        if seg != i:
+            raise ValueError(f"{paths[i]}: provenance.segment: expected {i}, got {seg}")
+    out = dict(docs[0])
+    out["ops"] = [op for d in docs for op in d["ops"]]
+    return out
+
+
+def write_trace(doc: dict[str, Any], path: str | Path) -> None:
+    """Write a whole trace document, one op per line (diffable, compact)."""
+    ops = doc.get("ops", [])
+    head = {k: v for k, v in doc.items() if k != "ops"}
+    text = json.dumps(head, indent=1)[:-1].rstrip() + ',\n "ops": ['
+    text += ",".join("\n  " + json.dumps(op, separators=_COMPACT) for op in ops)
+    text += "\n ]\n}\n"
+    tmp = Path(str(path) + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
