@@ -136,6 +136,14 @@ def resend(e: CaptureEngine, rng: random.Random) -> None:
         e.reset_prefix_cache()
 
 
+def mixed(e: CaptureEngine, rng: random.Random) -> None:
+    """A serving mix on one engine: chat conversations, then agents sharing a system
+    prompt, then prefill-only requests, each finding the cache the previous ones left."""
+    chat(e, rng)
+    agent(e, rng)
+    max_tokens_1(e, rng)
+
+
 WORKLOADS: dict[str, Workload] = {w.name: w for w in [
     Workload("chat", chat.__doc__ or "", chat),
     Workload("agent", agent.__doc__ or "", agent),
@@ -144,6 +152,7 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in [
     Workload("aborts", aborts.__doc__ or "", aborts),
     Workload("max_tokens_1", max_tokens_1.__doc__ or "", max_tokens_1),
     Workload("resend", resend.__doc__ or "", resend),
+    Workload("mixed", mixed.__doc__ or "", mixed),
 ]}
 
 # Block geometries the corpus captures each workload on: (groups, h).
