@@ -148,6 +148,13 @@ class Recorder:
         self._depth = 0
         self._lock = threading.RLock()
         self.closed = False
+        retention = getattr(scheduler.kv_cache_config, "prefix_cache_retention_interval", None)
+        if retention is not None and any(g["kind"] == "mamba_align"
+                                         for g in self.config["groups"]):
+            # vLLM's engine default (0) keeps Mamba checkpoints sparsely; the trace format
+            # and its adapters retain densely (KVCacheConfig's default, None).
+            self._unmodelled(f"sparse Mamba retention (prefix_cache_retention_interval="
+                             f"{retention})")
 
     # -- installation -------------------------------------------------------------------
     @classmethod

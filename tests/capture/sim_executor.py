@@ -111,6 +111,9 @@ def executor_class() -> type:
                 return f
             return out[0]
 
+        def compile_or_warm_up_model(self) -> None:
+            return None  # nothing to compile: no model runs
+
         def check_health(self) -> None:
             return None
 
