@@ -3,8 +3,9 @@
 Each round runs the same named workload twice on fresh engines -- once plain, once with the
 recorder attached (streaming to a file in a temp folder) -- in alternating order (A,B then
 B,A), and times every engine call the workload makes (``schedule`` + ``update_from_output``
-per step, aborts, prefix-cache resets). The ratio recorded/plain of each round is one paired
-sample; min and median over rounds are printed with the machine load.
+per step, aborts, prefix-cache resets) in thread CPU time (``time.thread_time``: the machine is
+shared, so wall time would mostly measure the other processes). The ratio recorded/plain of
+each round is one paired sample; min and median over rounds are printed with the machine load.
 
 Run: ``python -m benchmarks.recorder_overhead [--workload mixed] [--rounds 7] [--redact]``
 (figures in ``BENCHMARKS.md`` §5).
@@ -35,20 +36,20 @@ class TimedEngine(CaptureEngine):
         self.seconds = 0.0
 
     def step(self) -> dict[str, int]:
-        t = time.perf_counter()
+        t = time.thread_time()
         out = super().step()
-        self.seconds += time.perf_counter() - t
+        self.seconds += time.thread_time() - t
         return out
 
     def abort(self, rid: str) -> None:
-        t = time.perf_counter()
+        t = time.thread_time()
         super().abort(rid)
-        self.seconds += time.perf_counter() - t
+        self.seconds += time.thread_time() - t
 
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
-        t = time.perf_counter()
+        t = time.thread_time()
         out = super().reset_prefix_cache(reset_running_requests)
-        self.seconds += time.perf_counter() - t
+        self.seconds += time.thread_time() - t
         return out
 
 

@@ -146,7 +146,9 @@ class Recorder:
         self._last_lookup: str | None = None
         self._boundary_of: dict[bytes, int] | None = None  # for snapshots only
         self._depth = 0
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # close() / snapshot() against a running engine
+        self._num_free = self.pool.get_num_free_blocks
+        self._write = self.writer.write
         self.closed = False
         retention = getattr(scheduler.kv_cache_config, "prefix_cache_retention_interval", None)
         if retention is not None and any(g["kind"] == "mamba_align"
@@ -189,14 +191,15 @@ class Recorder:
     def _wrap(self, orig: Any, handler: Any) -> Any:
         @functools.wraps(orig)
         def call(*args: Any, **kwargs: Any) -> Any:
+            # The scheduler calls the manager from one thread; ``_depth`` keeps calls the
+            # manager makes on itself (and on the scheduler) from being recorded twice.
             if self._depth or self.closed:
                 return orig(*args, **kwargs)
-            with self._lock:
-                self._depth += 1
-                try:
-                    return handler(orig, *args, **kwargs)
-                finally:
-                    self._depth -= 1
+            self._depth += 1
+            try:
+                return handler(orig, *args, **kwargs)
+            finally:
+                self._depth -= 1
         return call
 
     def _count(self, orig: Any, name: str) -> Any:
@@ -209,9 +212,9 @@ class Recorder:
 
     # -- output -------------------------------------------------------------------------
     def _emit(self, op: dict[str, Any], expect: dict[str, Any]) -> None:
-        expect["free"] = self.pool.get_num_free_blocks()
+        expect["free"] = self._num_free()
         op["expect"] = expect
-        self.writer.write(op)
+        self._write(op)
 
     def close(self) -> None:
         """Finish the file; unmodelled calls (if any) are listed in a last ``comment``."""
@@ -219,6 +222,7 @@ class Recorder:
             return
         with self._lock:
             self.closed = True
+            self._depth += 1
             if self.unmodelled:
                 self.writer.write({"op": "new_step", "comment": "unmodelled manager calls: "
                                    + ", ".join(f"{k} x{v}"

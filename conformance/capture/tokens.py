@@ -62,16 +62,20 @@ class PrefixIndex:
         out: list[Any] = [{"prompt_of": src, "n": n}] if src is not None and n else []
         out += run_length(tokens[n:])
         # Index after matching: a reused rid replaces its old prompt (as the loader does).
-        if rid in self._prompts:
+        if rid in self._prompts:  # a reused id: its old prompt is gone from the trace
             for k in [k for k, r in self._by_hash.items() if r == rid]:
                 self._drop(k)
         self._prompts[rid] = tokens
+        by_hash = self._by_hash
+        added = 0
+        # Only blocks not indexed yet: a shared prefix keeps pointing at its first holder.
         for bh in block_hashes[: len(tokens) // self.h]:
-            key = bytes(bh)
-            if key in self._by_hash:
-                self._drop(key)
-            self._by_hash[key] = rid
-            self._refs[rid] = self._refs.get(rid, 0) + 1
+            key = bh if type(bh) is bytes else bytes(bh)
+            if key not in by_hash:
+                by_hash[key] = rid
+                added += 1
+        if added:
+            self._refs[rid] = self._refs.get(rid, 0) + added
         while len(self._by_hash) > self.max_entries:
             self._drop(next(iter(self._by_hash)))
         return out

@@ -17,6 +17,15 @@ from typing import Any
 
 _COMPACT = (",", ":")
 
+try:  # msgspec ships with vLLM; it encodes ~15x faster than json and byte-identically here
+    import msgspec
+
+    _encode = msgspec.json.Encoder().encode
+except ImportError:  # pragma: no cover - the recorder runs inside vLLM, which has it
+
+    def _encode(op: Any) -> bytes:
+        return json.dumps(op, separators=_COMPACT).encode()
+
 
 def segment_path(path: Path, n: int) -> Path:
     return path if n == 0 else path.with_name(f"{path.stem}.part{n:03d}{path.suffix}")
@@ -46,17 +55,17 @@ class TraceWriter:
         header["provenance"] = prov
         head = json.dumps(header, indent=1)
         assert head.endswith("}")
-        self._f = open(p, "w", buffering=1 << 16)  # noqa: SIM115 - closed by close()
-        self._f.write(head[:-1].rstrip() + ',\n "ops": [')
-        self._first = True
+        self._f = open(p, "wb", buffering=1 << 16)  # noqa: SIM115 - closed by close()
+        self._f.write((head[:-1].rstrip() + ',\n "ops": [').encode())
+        self._sep = b"\n  "
         self._bytes = self._f.tell()
         self.paths.append(p)
 
     def write(self, op: dict[str, Any]) -> None:
-        text = json.dumps(op, separators=_COMPACT)
-        self._f.write(("\n  " if self._first else ",\n  ") + text)
-        self._first = False
-        self._bytes += len(text) + 4
+        data = self._sep + _encode(op)
+        self._sep = b",\n  "
+        self._f.write(data)
+        self._bytes += len(data)
         self.num_ops += 1
 
     def step_boundary(self) -> None:
@@ -70,7 +79,7 @@ class TraceWriter:
         self._f.flush()
 
     def _close_segment(self) -> None:
-        self._f.write("\n ]\n}\n")
+        self._f.write(b"\n ]\n}\n")
         self._f.close()
 
     def close(self) -> None:
