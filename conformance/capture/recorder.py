@@ -285,10 +285,12 @@ class Recorder:
             self._boundary_of[bytes(bh)] = (k + 1) * self.h
 
     # -- handlers: each calls the real method and writes the op -------------------------
+    # The three ops of every step have constant shapes: written as bytes directly (the same
+    # text the encoder would produce), they cost a format instead of two dicts.
     def _on_new_step_starts(self, orig: Any) -> Any:
         self.writer.step_boundary()
         out = orig()
-        self._emit({"op": "new_step"}, {})
+        self.writer.write_raw(b'{"op":"new_step","expect":{"free":%d}}' % self._num_free())
         return out
 
     def _on_get_computed_blocks(self, orig: Any, request: Any,
@@ -351,6 +353,10 @@ class Recorder:
 
     def _on_take_boundary_state_offloads(self, orig: Any) -> Any:
         out = orig()
+        if not out:
+            self.writer.write_raw(b'{"op":"drain_offloads","expect":{"offloads":[],"free":%d}}'
+                                  % self._num_free())
+            return out
         sizes = self.block_sizes
         self._emit({"op": "drain_offloads"}, {"offloads": [
             {"rid": rid, "group": g, "boundary": b, "block": blk,
@@ -361,6 +367,11 @@ class Recorder:
     def _on_take_kv_cache_block_copies(self, orig: Any) -> Any:
         out = orig()
         copies, retained = out
+        if not copies and not retained:
+            self._last_handle = None
+            self.writer.write_raw(b'{"op":"drain_copies","expect":{"copies":[],"retained":[],'
+                                  b'"handle":null,"free":%d}}' % self._num_free())
+            return out
         handle = None
         if retained:
             handle = self.next_handle

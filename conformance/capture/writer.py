@@ -68,6 +68,14 @@ class TraceWriter:
         self._bytes += len(data)
         self.num_ops += 1
 
+    def write_raw(self, encoded: bytes) -> None:
+        """Write one op already encoded as compact JSON."""
+        data = self._sep + encoded
+        self._sep = b",\n  "
+        self._f.write(data)
+        self._bytes += len(data)
+        self.num_ops += 1
+
     def step_boundary(self) -> None:
         """A place where a new segment may start (between engine steps)."""
         if self.max_bytes is not None and self._bytes >= self.max_bytes:
