@@ -57,7 +57,8 @@ def run_once(workload: str, record: Path | None, redact: bool) -> tuple[float, i
     """Seconds of engine time for one run; ops written (0 when not recording)."""
     w = WORKLOADS[workload]
     e = TimedEngine(seed=0, **w.engine)
-    rec = Recorder.attach(e.sched, record, redact=redact) if record else None
+    # As the vLLM plugin records (compact=False: no per-token run-length pass).
+    rec = Recorder.attach(e.sched, record, redact=redact, compact=False) if record else None
     gc.collect()
     gc.disable()
     try:

@@ -13,7 +13,8 @@ when recording is asked for, by either
 
 ``{pid}`` in the path is replaced by the process id (several engine cores). The trace is
 closed when the scheduler shuts down (and at interpreter exit otherwise). Without either
-setting the plugin changes nothing.
+setting the plugin changes nothing. Token lists are written without run-length coding (a
+per-token pass on the scheduler's thread); shared prefixes still become ``prompt_of``.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ def patch_scheduler_class(cls: Any) -> None:
         from tailproof.conformance.capture.recorder import Recorder
 
         self._tailproof_recorder = Recorder.attach(
-            self, s["path"], redact=s["redact"], max_bytes=s["max_bytes"])
+            self, s["path"], redact=s["redact"], max_bytes=s["max_bytes"], compact=False)
         atexit.register(self._tailproof_recorder.close)
         logger.warning("tailproof: recording KV cache manager calls to %s", s["path"])
 

@@ -129,7 +129,7 @@ class Recorder:
     """Wraps one scheduler's ``KVCacheManager`` and writes the trace as the engine runs."""
 
     def __init__(self, scheduler: Any, writer: TraceWriter, *, redact: bool = False,
-                 config: dict[str, Any] | None = None) -> None:
+                 compact: bool = True, config: dict[str, Any] | None = None) -> None:
         self.scheduler = scheduler
         self.mgr = scheduler.kv_cache_manager
         self.pool = self.mgr.block_pool
@@ -139,6 +139,9 @@ class Recorder:
         self.block_sizes = [g["block_size"] for g in self.config["groups"]]
         self.redactor = Redactor(self.h) if redact else None
         self.prefixes = PrefixIndex(self.h)
+        # Run-length coding costs a Python pass per token; a live engine's recorder skips it
+        # (shared prefixes are still written as prompt_of), captures for the corpus keep it.
+        self.compact = compact
         self.shadows: dict[str, _Shadow] = {}
         self.unmodelled: dict[str, int] = {}
         self.next_handle = 0
@@ -161,7 +164,7 @@ class Recorder:
     # -- installation -------------------------------------------------------------------
     @classmethod
     def attach(cls, scheduler: Any, path: str | Path, *, redact: bool = False,
-               max_bytes: int | None = None, name: str | None = None,
+               compact: bool = True, max_bytes: int | None = None, name: str | None = None,
                description: str = "") -> Recorder:
         """Start recording ``scheduler`` into ``path`` (a trace file, streamed)."""
         config = config_from_scheduler(scheduler)
@@ -173,7 +176,7 @@ class Recorder:
             "config": config,
         }
         rec = cls(scheduler, TraceWriter(path, header, max_bytes), redact=redact,
-                  config=config)
+                  compact=compact, config=config)
         rec.install()
         return rec
 
@@ -247,7 +250,8 @@ class Recorder:
             prompt = self._tokens(req, 0, n_prompt)
             hashes = len(req.block_hashes) if req.num_tokens == n_prompt else n_prompt // self.h
             op: dict[str, Any] = {"op": "add_request", "rid": rid,
-                                  "tokens": self.prefixes.encode(rid, prompt, req.block_hashes)}
+                                  "tokens": self.prefixes.encode(rid, prompt, req.block_hashes,
+                                                                 self.compact)}
             max_tokens = getattr(req, "max_tokens", None)
             if isinstance(max_tokens, int) and max_tokens >= 1 and max_tokens != 16:
                 op["max_tokens"] = max_tokens
@@ -257,7 +261,7 @@ class Recorder:
         n = req.num_tokens
         if n > s.tokens:
             self._emit({"op": "append_output", "rid": rid,
-                        "tokens": run_length(self._tokens(req, s.tokens, n))},
+                        "tokens": self._runs(self._tokens(req, s.tokens, n))},
                        {"num_hashes": len(req.block_hashes)})
             s.tokens = n
             self._note_hashes(req)
@@ -274,6 +278,9 @@ class Recorder:
             self._emit({"op": "set_in_flight", "rid": rid, "n": f}, {})
             s.in_flight = f
         return s
+
+    def _runs(self, tokens: list[int]) -> list[Any]:
+        return run_length(tokens) if self.compact else tokens
 
     def _unmodelled(self, what: str) -> None:
         self.unmodelled[what] = self.unmodelled.get(what, 0) + 1

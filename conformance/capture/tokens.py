@@ -55,12 +55,14 @@ class PrefixIndex:
         self._prompts: dict[str, list[int]] = {}  # the trace's current prompt of each rid
         self._refs: dict[str, int] = {}  # index entries pointing at each rid
 
-    def encode(self, rid: str, tokens: list[int], block_hashes: list[bytes]) -> list[Any]:
+    def encode(self, rid: str, tokens: list[int], block_hashes: list[bytes],
+               runs: bool = True) -> list[Any]:
         """Compact form of ``rid``'s prompt ``tokens`` (``block_hashes`` at h granularity,
-        computed on the original tokens) and remember it for later prompts."""
+        computed on the original tokens) and remember it for later prompts; ``runs=False``
+        leaves the unshared rest as plain ints (no per-token pass)."""
         src, n = self._longest_shared(tokens, block_hashes)
         out: list[Any] = [{"prompt_of": src, "n": n}] if src is not None and n else []
-        out += run_length(tokens[n:])
+        out += run_length(tokens[n:]) if runs else tokens[n:]
         # Index after matching: a reused rid replaces its old prompt (as the loader does).
         if rid in self._prompts:  # a reused id: its old prompt is gone from the trace
             for k in [k for k, r in self._by_hash.items() if r == rid]:
