@@ -275,11 +275,12 @@ def build_parser() -> argparse.ArgumentParser:
     rec.set_defaults(func=cmd_record)
     cap = sub.add_parser("capture", help="record a named workload on vLLM's real Scheduler")
     cap.add_argument("--workload", required=True, help="chat, agent, preemption, aborts, "
-                     "max_tokens_1, resend")
+                     "max_tokens_1, resend, mixed")
     cap.add_argument("-o", "--output", required=True, metavar="FILE")
     cap.add_argument("--seed", type=int, default=0)
     cap.add_argument("--connector", default="none", help="none (the only one recorded yet)")
-    cap.add_argument("--geometry", help="block geometry, e.g. fa16-m16-h4 (default)")
+    cap.add_argument("--geometry", help="block geometry: fa16-m16-h4 (default), fa8-m16-h4, "
+                     "fa16-m32-h8, fa16-m64-h16")
     cap.add_argument("--redact", action="store_true", help="canonical token ids")
     cap.add_argument("--max-bytes", type=int, help="rotate into segments past N bytes")
     cap.set_defaults(func=cmd_capture)
