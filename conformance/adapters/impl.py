@@ -36,12 +36,15 @@ import torch
 from tailproof.conformance.connector_ops import ConnectorAdapter, batch_obs, job_obs
 from tailproof.impl.config import Settings, StoreGeometry
 from tailproof.impl.connector import build_coordinator
+from tailproof.impl.fingerprint import geometry_fingerprint
+from tailproof.impl.keys import KeySpace, parse_key
 from tailproof.impl.kv_layout import KVLayout
 from tailproof.impl.lookup import StoreLookup
-from tailproof.impl.meta import TailproofMeta, TailproofWorkerMeta, store_key
+from tailproof.impl.meta import TailproofMeta, TailproofWorkerMeta
 from tailproof.impl.runner_sim import GroupShape, SimRunner
 from tailproof.impl.scheduler_side import SchedulerSide
 from tailproof.impl.stores import Outcome, Store, make_store
+from tailproof.impl.value_format import HEADER_BYTES, slot_nbytes
 from tailproof.impl.worker_side import WorkerSide
 from tailproof.reference.connector.store import check_script, codes_for
 
@@ -67,8 +70,9 @@ class ScriptedStore(Store):
 
     name = "scripted"
 
-    def __init__(self, inner: Store, verify: Any) -> None:
+    def __init__(self, inner: Store, verify: Any, tp_size: int = 1) -> None:
         self.inner = inner
+        self.tp_size = tp_size
         self.verify = verify  # (key, tag, buffer) -> None, raises nothing, records problems
         self.tags: dict[str, Tag] = {}
         self.script: deque[Any] = deque()
@@ -80,8 +84,9 @@ class ScriptedStore(Store):
 
     def tag(self, key: str) -> Tag:
         rid, boundary_of = self.context
-        _, rank, group, hexhash = key.split("@")
-        return int(rank[1:].split("of")[0]), int(group[1:]), boundary_of[hexhash], rid
+        k = parse_key(key)
+        rank = k.tp_rank + k.pp_rank * self.tp_size
+        return rank, k.group, boundary_of[k.block_hash.hex()], rid
 
     def exists(self, keys: Sequence[str]) -> list[bool]:
         real = self.inner.exists(list(keys))
@@ -111,6 +116,11 @@ class ScriptedStore(Store):
     def get_batch(self, keys: Sequence[str], buffers: Sequence[Any]) -> list[Outcome]:
         outs = self.inner.get_batch(list(keys), list(buffers))
         return [o if k in self.tags else Outcome.miss() for k, o in zip(keys, outs, strict=True)]
+
+    def remove(self, keys: Sequence[str]) -> int:
+        for k in keys:
+            self.tags.pop(k, None)
+        return self.inner.remove(list(keys))
 
     def remove_all(self) -> int:
         self.tags.clear()
@@ -176,8 +186,9 @@ class ImplConnector(ConnectorAdapter):
         self.byte_errors: list[str] = []
         self.job_tokens: dict[int, list[int]] = {}
         self.current_job: int | None = None
-        self.store = ScriptedStore(_inner_store(kind, extra), self._verify_put)
-        self.lookup_client = StoreLookup(geo, self.coord, self.store.exists, ns, n)
+        self.store = ScriptedStore(_inner_store(kind, extra), self._verify_put, n)
+        self.keys = KeySpace(ns, geometry_fingerprint(geo).digest, n)
+        self.lookup_client = StoreLookup(geo, self.coord, self.store.exists, self.keys, n)
         self.sched = SchedulerSide(self.settings, geo, self.lookup_client, n)
         self.sched.bind_gpu_block_pool(core_backend.block_pool)
         shapes = [GroupShape("mamba" if g.is_mamba else "full_attention", g.block_size)
@@ -188,7 +199,7 @@ class ImplConnector(ConnectorAdapter):
                         for r in range(n)]
         self.workers = []
         for r, runner in enumerate(self.runners):
-            ws = WorkerSide(self.settings, geo, self.store, r, n, self.coord)
+            ws = WorkerSide(self.settings, geo, self.store, r, n, self.coord, tp_size=n)
             ws.register_kv_caches(runner.kv, runner.layer_names)
             self.workers.append(ws)
         self._install_kv_hooks()
@@ -247,7 +258,7 @@ class ImplConnector(ConnectorAdapter):
         tokens = self.job_tokens.get(self.current_job)
         if tokens is None:
             tokens = list(self.core.requests[rid].all_token_ids)
-        data = torch.as_tensor(buf).reshape(-1).view(torch.uint8)
+        data = torch.as_tensor(buf).reshape(-1).view(torch.uint8)[HEADER_BYTES:]
         bad = self.runners[rank].check_block_bytes(group, data.clone(), tokens, boundary,
                                                    f"job{self.current_job}")
         self.byte_errors += [f"put {rid} {tag}: {b}" for b in bad]
@@ -421,14 +432,16 @@ class ImplConnector(ConnectorAdapter):
         n = 0
         for r in workers:
             for g, b in keys:
-                key = store_key(self.settings.namespace, r, len(self.workers), g,
-                                bytes(hashes[b // h - 1]))
+                key = self.keys.key(r, g, bytes(hashes[b // h - 1]))
                 if remove:
                     n += int(self.store.tags.pop(key, None) is not None)
                     continue
                 value = self.runners[r].expected_block_bytes(g, req.all_token_ids, b, rid)
                 self._check_size(g, value)
-                out = self.store.inner.put(key, value.contiguous())
+                slot = torch.empty(slot_nbytes(value.numel()), dtype=torch.uint8)
+                slot[HEADER_BYTES:].copy_(value.reshape(-1).cpu())
+                self.workers[r].codec.seal(key, slot)
+                out = self.store.inner.put(key, slot)
                 if out.saved:
                     self.store.tags[key] = (r, g, b, rid)
                     n += 1

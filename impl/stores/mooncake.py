@@ -35,7 +35,10 @@ answers MISS), as does a master restart.
 
 from __future__ import annotations
 
+import atexit
+import logging
 import os
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -59,6 +62,20 @@ _NAMES = {-1: "INTERNAL_ERROR", -10: "BUFFER_OVERFLOW", -101: "SEGMENT_NOT_FOUND
           -704: "OBJECT_NOT_FOUND", -706: "OBJECT_HAS_LEASE", -707: "LEASE_EXPIRED",
           -800: "TRANSFER_FAIL", -900: "RPC_FAIL", -901: "RPC_TIMEOUT"}
 _PROBE_KEY = "__tailproof_probe__"
+#: Longest ``close()`` waits for the client's own close once the master is unreachable (the
+#: client retries unmounting its segment for up to ~20 s); the rest finishes in the background.
+CLOSE_BOUND_S = 3.0
+#: At interpreter exit, how long to wait for such background closes (native code must not run
+#: while the process tears down).
+EXIT_WAIT_S = 30.0
+logger = logging.getLogger(__name__)
+_BACKGROUND_CLOSES: list[threading.Thread] = []
+
+
+@atexit.register
+def _join_background_closes() -> None:
+    for t in list(_BACKGROUND_CLOSES):
+        t.join(EXIT_WAIT_S)
 _HEALTH = {1: "store not initialised or closed", 2: "master unreachable"}
 
 
@@ -135,6 +152,11 @@ class MooncakeStore(Store):
             config.local_buffer_size, config.protocol, config.rdma_devices, config.master_address)
         if rc != 0:
             self._client.close()  # safe on a half-initialised client; never used again
+            if rc == INVALID_PARAMS:
+                raise StoreError(
+                    f"mooncake setup rejected the settings ({_code_text(rc)}): check "
+                    f"global_segment_size ({config.global_segment_size}), local_buffer_size "
+                    f"({config.local_buffer_size}), protocol and local_hostname")
             raise StoreError(f"mooncake setup failed ({_code_text(rc)}): is mooncake_master "
                              f"running at {config.master_address}?")
         self._guard = CallGuard(self._health, self._probe)
@@ -159,13 +181,25 @@ class MooncakeStore(Store):
     def close(self) -> None:
         """Wait for in-flight calls, unregister buffers, then close the client (in that order).
 
-        With a dead master the client's close blocks ~7 s trying to unmount its segment."""
+        With the master unreachable the client's close blocks (7-20 s measured) retrying to
+        unmount its segment: then this returns after :data:`CLOSE_BOUND_S` and the client
+        finishes closing on a background thread (waited for at interpreter exit)."""
+        master_down = self._guard.down_reason is not None or self._health() is not None
         if not self._guard.close():
             return
         for ptr in list(self._registered):
             self._client.unregister_buffer(ptr)
         self._registered.clear()
-        self._client.close()
+        if not master_down:
+            self._client.close()
+            return
+        t = threading.Thread(target=self._client.close, name="mooncake-close", daemon=True)
+        _BACKGROUND_CLOSES.append(t)
+        t.start()
+        t.join(CLOSE_BOUND_S)
+        if t.is_alive():
+            logger.warning("mooncake client close still waiting for an unreachable master; "
+                           "finishing in the background")
 
     # --- registration ---------------------------------------------------------------------
 
@@ -294,6 +328,16 @@ class MooncakeStore(Store):
         if code == INVALID_PARAMS:  # "User buffer too small" is the only -600 of get_into
             return Outcome.too_large(code, f"stored value larger than buffer ({size} bytes)")
         return _outcome_for(code)
+
+    def remove(self, keys: Sequence[str]) -> int:
+        if not keys:
+            return 0
+        with self._guard.call() as down:
+            if down:
+                return 0
+            codes = self._client.batch_remove(list(keys), True)  # force: ignore read leases
+        self._check_codes(codes)
+        return sum(1 for c in codes if c == 0)
 
     def remove_all(self) -> int:
         with self._guard.call() as down:
