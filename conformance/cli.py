@@ -8,8 +8,11 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -75,9 +78,40 @@ def _parse_adapters(text: str) -> list[str]:
     return names
 
 
+@contextlib.contextmanager
+def _signals_unwind() -> Iterator[None]:
+    """SIGTERM / SIGHUP end the run like Ctrl-C (SystemExit 128+signal), so every context
+    that is open -- the master this run started -- is closed on the way out."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def unwind(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    saved = {s: signal.signal(s, unwind) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+
+
+def _isolate_network() -> None:
+    """Mooncake clients listen on every interface whatever they are told: a run that starts
+    its own master moves into a private loopback-only network namespace first (root only)."""
+    from tailproof.conformance.netns import enter_loopback_namespace
+
+    why = enter_loopback_namespace()
+    if why is not None:
+        print(f"tailproof: warning: Mooncake clients of this run listen on all interfaces "
+              f"(no private network namespace: {why})", file=sys.stderr)
+
+
 def _impl_store(args: argparse.Namespace, adapters: list[str]) -> contextlib.ExitStack:
     """Point the impl adapter at the chosen store; for ``--store mooncake`` without a master
-    address, start a ``mooncake_master`` on 127.0.0.1 for the run and stop it by PID after."""
+    address, start a ``mooncake_master`` on 127.0.0.1 for the run (in a private loopback-only
+    network namespace when possible) and stop it by PID after, also on SIGTERM/SIGINT/SIGHUP."""
     stack = contextlib.ExitStack()
     if "impl" not in adapters or args.store is None:
         return stack
@@ -89,6 +123,8 @@ def _impl_store(args: argparse.Namespace, adapters: list[str]) -> contextlib.Exi
         if not address:
             from tailproof.impl.stores.local_master import LocalMaster
 
+            _isolate_network()
+            stack.enter_context(_signals_unwind())
             address = stack.enter_context(LocalMaster()).address
         store_config = {"master_address": address}
     saved = dict(impl_adapter.ImplConnector.options)
