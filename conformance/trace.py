@@ -12,8 +12,10 @@ from math import gcd
 from pathlib import Path
 from typing import Any
 
+from tailproof.conformance import limits
 from tailproof.conformance import ops as opspec
 from tailproof.conformance.tokens import TokenError, expand
+from tailproof.conformance.trace_checks import CheckError, check_config, check_ops
 
 FORMAT_TAG = "tailproof-trace/1"
 GROUP_KINDS = ("full_attention", "mamba_align")
@@ -213,6 +215,10 @@ def parse_trace(doc: Any, source: str = "<trace>") -> Trace:
     if extra:
         raise _err(source, extra[0], "unknown top-level key")
     config = _parse_config(doc.get("config"), source)
+    try:
+        check_config(config)
+    except CheckError as e:
+        raise TraceError(f"{source}: {e}") from None
     ops_doc = doc.get("ops")
     if not isinstance(ops_doc, list):
         raise _err(source, "ops", "must be a list")
@@ -226,7 +232,7 @@ def parse_trace(doc: Any, source: str = "<trace>") -> Trace:
         if not isinstance(op, dict):
             raise _err(source, where, "must be an object")
         name = op.get("op")
-        if name not in specs:
+        if not isinstance(name, str) or name not in specs:
             raise _err(source, f"{where}.op", f"unknown op {name!r}")
         spec = specs[name]
         extra = sorted(set(op) - set(spec) - {"op", "expect", "comment"})
@@ -271,6 +277,10 @@ def parse_trace(doc: Any, source: str = "<trace>") -> Trace:
         if "comment" in op:
             norm["comment"] = op["comment"]
         out.append(norm)
+    try:
+        check_ops(out, config)
+    except CheckError as e:
+        raise TraceError(f"{source}: {e}") from None
     name = doc.get("name") or Path(source).stem
     return Trace(str(name), str(doc.get("description", "")), config, out, source, doc)
 
@@ -279,12 +289,25 @@ def load_trace(path: str | Path) -> Trace:
     """Read and validate one trace file."""
     p = Path(path)
     try:
-        text = p.read_text()
+        if p.stat().st_size > limits.MAX_FILE_BYTES:
+            raise TraceError(f"{p}: larger than {limits.MAX_FILE_BYTES} bytes (the limit)")
+        text = p.read_bytes().decode("utf-8")
     except OSError as e:
-        raise TraceError(f"{p}: cannot read: {e.strerror}") from None
+        raise TraceError(f"{p}: cannot read: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise TraceError(f"{p}: not UTF-8 text (byte {e.start}): a trace is a JSON file") \
+            from None
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
         where = f"line {e.lineno} column {e.colno}"
         raise TraceError(f"{p}: invalid JSON at {where}: {e.msg}") from None
+    except RecursionError:
+        raise TraceError(f"{p}: nested deeper than {limits.MAX_DEPTH} levels (the limit)") \
+            from None
+    except ValueError as e:  # an int literal longer than Python's digit limit
+        raise TraceError(f"{p}: invalid JSON: {str(e).split(';')[0]}") from None
+    problem = limits.depth_problem(doc)
+    if problem:
+        raise TraceError(f"{p}: {problem} (the limit)")
     return parse_trace(doc, str(p))
