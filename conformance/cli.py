@@ -412,15 +412,27 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: {message}", f"see {self.prog} --help")
 
 
-class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Shows each option's default; keeps the descriptions' line breaks."""
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """Shows each option's default (a flag's as "off"; an unset value's where the help does
+    not already say what unset means); keeps the descriptions' line breaks."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if not action.option_strings or action.default is argparse.SUPPRESS \
+                or "default" in text or action.nargs == 0 and action.const is None:
+            return text
+        if action.default is False:
+            return f"{text} (default: off)"
+        if action.default is None:
+            return text if "unset:" in text else f"{text} (default: none)"
+        return f"{text} (default: {action.default})"
 
 
 def _sub(sub: Any, name: str, summary: str, func: Callable[[argparse.Namespace], int]) -> Any:
     p = sub.add_parser(name, help=summary, description=summary[0].upper() + summary[1:] + ".",
                        formatter_class=_Formatter)
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                   help="show the Python traceback of an error")
+                   help="show the Python traceback of an error (default: off)")
     p.set_defaults(func=func)
     return p
 

@@ -318,8 +318,12 @@ def test_every_option_has_help_and_plain_text() -> None:
                                  "stats"}
     for name, sp in subs.choices.items():
         assert "``" not in (sp.description or ""), name
+        fmt = sp._get_formatter()
         for action in sp._actions:
             assert action.help, (name, action.dest)
+            if action.option_strings and action.dest != "help":
+                shown = fmt._get_help_string(action) or ""
+                assert "default" in shown or "unset:" in shown, (name, action.dest, shown)
         text = sp.format_help()
         assert "``" not in text, name
     replay = subs.choices["replay"].format_help()
