@@ -41,13 +41,13 @@ def _progress(i: int, n: int, label: str) -> None:
           end="" if i < n else "\n", file=sys.stderr, flush=True)
 
 
-def _run(traces: list[Trace], adapters: list[str], strict: bool,
-         progress: bool) -> list[CaseResult]:
+def _run(traces: list[Trace], adapters: list[str], strict: bool, progress: bool,
+         options: dict[str, dict[str, Any]] | None = None) -> list[CaseResult]:
     results = []
     for i, t in enumerate(traces):
         if progress:
             _progress(i, len(traces), t.name)
-        results.append(run_trace(t, adapters, strict))
+        results.append(run_trace(t, adapters, strict, options))
     if progress:
         _progress(len(traces), len(traces), "")
     return results
@@ -75,35 +75,38 @@ def _parse_adapters(text: str) -> list[str]:
     return names
 
 
-def _impl_store(args: argparse.Namespace, adapters: list[str]) -> contextlib.ExitStack:
-    """Point the impl adapter at the chosen store; for ``--store mooncake`` without a master
-    address, start a ``mooncake_master`` on 127.0.0.1 for the run and stop it by PID after."""
-    stack = contextlib.ExitStack()
-    if "impl" not in adapters or args.store is None:
-        return stack
+def _impl_options(args: argparse.Namespace, adapters: list[str],
+                  stack: contextlib.ExitStack) -> dict[str, dict[str, Any]]:
+    """``make_driver`` options of the impl adapter (``--store``, ``--device``); for ``--store
+    mooncake`` without a master address, start a ``mooncake_master`` on 127.0.0.1 for the run
+    (stopped by PID when ``stack`` closes)."""
+    if "impl" not in adapters or (args.store is None and args.device is None):
+        return {}
     from tailproof.conformance.adapters import impl as impl_adapter
 
-    store_config: dict[str, Any] = {}
+    options: dict[str, Any] = {}
+    if args.device is not None:
+        options["device"] = args.device
+    if args.store is not None:
+        options["store"] = args.store
     if args.store == "mooncake":
         address = args.mooncake_master
         if not address:
             from tailproof.impl.stores.local_master import LocalMaster
 
             address = stack.enter_context(LocalMaster()).address
-        store_config = {"master_address": address}
-    saved = dict(impl_adapter.ImplConnector.options)
-    impl_adapter.ImplConnector.options = {"store": args.store, "store_config": store_config}
-    stack.callback(setattr, impl_adapter.ImplConnector, "options", saved)
+        options["store_config"] = {"master_address": address}
     stack.callback(impl_adapter.close_shared_stores)
-    return stack
+    return {"impl": options}
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
     adapters = _parse_adapters(args.against)
     traces = _load_all(args.traces)
     t0 = time.perf_counter()
-    with _impl_store(args, adapters):
-        results = _run(traces, adapters, args.strict_ids, progress=False)
+    with contextlib.ExitStack() as stack:
+        options = _impl_options(args, adapters, stack)
+        results = _run(traces, adapters, args.strict_ids, progress=False, options=options)
     summary = _summary(results, time.perf_counter() - t0)
     if args.json:
         print(json.dumps(summary, indent=2))
@@ -165,8 +168,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     print(f"tailproof check: {len(traces)} cases on {', '.join(adapters)}"
           + (f" (not installed: {', '.join(missing)})" if missing else ""), file=sys.stderr)
     t0 = time.perf_counter()
-    with _impl_store(args, adapters):
-        results = _run(traces, adapters, strict=False, progress=True)
+    with contextlib.ExitStack() as stack:
+        options = _impl_options(args, adapters, stack)
+        results = _run(traces, adapters, strict=False, progress=True, options=options)
     summary = _summary(results, time.perf_counter() - t0)
     for r in results:
         for d in r.divergences[:1]:
@@ -187,9 +191,11 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def _store_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--store", choices=["memory", "mooncake"],
-                   help="store behind the impl adapter (default: memory, or $TAILPROOF_STORE)")
+                   help="store behind the impl adapter (default: memory)")
     p.add_argument("--mooncake-master", metavar="HOST:PORT",
                    help="an existing mooncake_master (default: start one on 127.0.0.1)")
+    p.add_argument("--device", choices=["cpu", "cuda"],
+                   help="device of the impl adapter's KV tensors (default: cuda if available)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -101,12 +101,10 @@ class VllmMooncakeConnector(ConnectorAdapter):
         super().__init__(config)
         m = self.m = _m()
         self.core = core_backend
-        manager = core_backend.manager
-        kv_config = manager.kv_cache_config
+        kv_config = core_backend.kv_cache_config
         h = config.hash_block_size
         lcm = config.scheduler_block_size
-        partial = bool(getattr(manager.coordinator, "enable_partial_hash_hits", False))
-        alignment = h if partial else lcm
+        alignment = h if core_backend.partial_hits else lcm
         store_groups = list(kv_config.prefix_cacheable_groups)
         self.coord = m.MooncakeStoreCoordinator(
             store_groups, lcm, h, use_eagle=config.use_eagle,
@@ -189,7 +187,7 @@ class VllmMooncakeConnector(ConnectorAdapter):
 
     # --- scheduler side ----------------------------------------------------------------
 
-    def after_alloc(self, driver: Any, rid: str, table: tuple[list[int], ...],
+    def after_alloc(self, rid: str, table: tuple[list[int], ...],
                     external: int) -> None:
         blocks = SimpleNamespace(get_block_ids=lambda group_ids=None: tuple(
             list(table[g]) for g in (group_ids if group_ids is not None else range(len(table)))))
@@ -202,7 +200,7 @@ class VllmMooncakeConnector(ConnectorAdapter):
                        [(p.group_id, p.block_id, p.num_tokens) for p in meta.boundary_puts or []],
                        held[0] if held else [])
 
-    def build(self, driver: Any, rows: list[tuple[str, int, str, tuple[list[int], ...], int]],
+    def build(self, rows: list[tuple[str, int, str, tuple[list[int], ...], int]],
               finished: set[str], preempted: set[str],
               offloads: dict[str, list[tuple[int, int, int]]],
               table: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -249,7 +247,7 @@ class VllmMooncakeConnector(ConnectorAdapter):
     def pinned(self) -> dict[int, tuple[list[int], int]]:
         return self.sched._pinned_saves
 
-    def register(self, driver: Any, rid: str, block_ids: tuple[list[int], ...],
+    def register(self, rid: str, block_ids: tuple[list[int], ...],
                  tails: list[tuple[int, int, int]]) -> dict[str, Any] | None:
         before = self.sched._next_store_job_id
         delay = self.sched.register_finished_partial_tail(self._req(rid), block_ids, tails)
@@ -265,7 +263,7 @@ class VllmMooncakeConnector(ConnectorAdapter):
 
     # --- workers -----------------------------------------------------------------------
 
-    def run_worker(self, driver: Any, w: int, n: int | None,
+    def run_worker(self, w: int, n: int | None,
                    script: Any) -> list[dict[str, Any]]:
         self.store.set_script(script)
         thread = self.threads[w]
@@ -303,14 +301,14 @@ class VllmMooncakeConnector(ConnectorAdapter):
 
     # --- lookups and store -------------------------------------------------------------
 
-    def store_lookup(self, driver: Any, rid: str, n: int) -> tuple[int, list[tuple[int, int]]]:
+    def store_lookup(self, rid: str, n: int) -> tuple[int, list[tuple[int, int]]]:
         res = self.workers[0].lookup(n, self._req(rid).block_hashes)
         return res.hit_length, [(t.group_id, t.num_tokens) for t in res.tail_key_boundaries]
 
-    def matched(self, driver: Any, rid: str, num_computed: int) -> tuple[int | None, bool]:
+    def matched(self, rid: str, num_computed: int) -> tuple[int | None, bool]:
         return self.sched.get_num_new_matched_tokens(self._req(rid), num_computed)
 
-    def seed(self, driver: Any, rid: str, keys: list[tuple[int, ...]], workers: list[int],
+    def seed(self, rid: str, keys: list[tuple[int, ...]], workers: list[int],
              remove: bool) -> int:
         hashes = self._req(rid).block_hashes
         h = self.trace_config.hash_block_size
