@@ -92,7 +92,7 @@ def _impl_options(args: argparse.Namespace, adapters: list[str],
     if args.store == "mooncake":
         address = args.mooncake_master
         if not address:
-            from tailproof.impl.stores.local_master import LocalMaster
+            from tailproof.conformance.local_master import LocalMaster
 
             address = stack.enter_context(LocalMaster()).address
         options["store_config"] = {"master_address": address}

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from math import gcd
 from pathlib import Path
 from typing import Any
 
 from tailproof.conformance import ops as opspec
 from tailproof.conformance.tokens import TokenError, expand
+from tailproof.spec.arithmetic import lcm_all
 
 FORMAT_TAG = "tailproof-trace/1"
 GROUP_KINDS = ("full_attention", "mamba_align")
@@ -53,10 +53,7 @@ class TraceConfig:
 
     @property
     def scheduler_block_size(self) -> int:
-        out = 1
-        for s in self.block_sizes:
-            out = out * s // gcd(out, s)
-        return out
+        return lcm_all(list(self.block_sizes))
 
     @property
     def partial_hits(self) -> bool:

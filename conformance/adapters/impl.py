@@ -35,13 +35,14 @@ from typing import Any
 
 import torch
 
+from tailproof.conformance.adapters.runner_sim import GroupShape, SimRunner
+from tailproof.conformance.adapters.vllm_core import scheduler_output
 from tailproof.conformance.connector_ops import ConnectorAdapter, batch_obs, job_obs
 from tailproof.impl.config import Settings, StoreGeometry
 from tailproof.impl.connector import build_coordinator
 from tailproof.impl.kv_layout import KVLayout
 from tailproof.impl.lookup import StoreLookup
 from tailproof.impl.meta import TailproofMeta, TailproofWorkerMeta, store_key
-from tailproof.impl.runner_sim import GroupShape, SimRunner
 from tailproof.impl.scheduler_side import SchedulerSide
 from tailproof.impl.stores import Outcome, Store, make_store
 from tailproof.impl.worker_side import WorkerSide
@@ -250,32 +251,7 @@ class ImplConnector(ConnectorAdapter):
               finished: set[str], preempted: set[str],
               offloads: dict[str, list[tuple[int, int, int]]],
               table: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        from vllm.v1.core.sched.output import KVConnectorBlockState
-
-        new_reqs, cached = [], []
-        for rid, _, kind, ids, computed in rows:
-            if kind == "new":
-                req = self._req(rid)
-                new_reqs.append(SimpleNamespace(
-                    req_id=rid, block_ids=tuple(list(g) for g in ids),
-                    num_computed_tokens=computed, prompt_token_ids=req.prompt_token_ids,
-                    prefill_token_ids=None))
-            else:
-                cached.append((rid, kind, ids, computed))
-        cached.sort(key=lambda c: c[1] == "resumed")  # running first, then resumed (SC:1939)
-        cached_data = SimpleNamespace(
-            req_ids=[c[0] for c in cached],
-            resumed_req_ids={c[0] for c in cached if c[1] == "resumed"},
-            new_block_ids=[c[2] if any(c[2]) else None for c in cached],
-            num_computed_tokens=[c[3] for c in cached])
-        block_state = KVConnectorBlockState(
-            req_ids={r[0] for r in rows} | set(offloads),
-            resolve_block_ids=lambda rid: tuple(list(g) for g in table(rid)),
-            boundary_state_offloads={rid: list(e) for rid, e in offloads.items()})
-        so = SimpleNamespace(
-            finished_req_ids=set(finished), preempted_req_ids=set(preempted),
-            scheduled_new_reqs=new_reqs, scheduled_cached_reqs=cached_data,
-            num_scheduled_tokens={r[0]: r[1] for r in rows}, kv_connector_block_state=block_state)
+        so = scheduler_output(rows, finished, preempted, offloads, table, self.core.requests)
         meta = self.sched.build_connector_meta(so)
         for j in meta.stores:
             if j.store_job_id not in self.job_tokens:

@@ -22,6 +22,7 @@ import threading
 from types import SimpleNamespace
 from typing import Any
 
+from tailproof.conformance.adapters.vllm_core import scheduler_output
 from tailproof.conformance.connector_ops import ConnectorAdapter, batch_obs, job_obs
 from tailproof.reference.connector.store import ScriptedStore
 
@@ -45,7 +46,6 @@ def _m() -> SimpleNamespace:
         KVCacheStoreSendingThread,
         MooncakeStoreWorker,
     )
-    from vllm.v1.core.sched.output import KVConnectorBlockState
     from vllm.v1.kv_cache_interface import MambaSpec
 
     # Scripted store failures make the sending thread log warnings and errors by design.
@@ -59,7 +59,7 @@ def _m() -> SimpleNamespace:
         MooncakeStoreWorkerMetadata=MooncakeStoreWorkerMetadata, PoolKey=PoolKey,
         MooncakeStoreScheduler=MooncakeStoreScheduler,
         KVCacheStoreSendingThread=KVCacheStoreSendingThread,
-        MooncakeStoreWorker=MooncakeStoreWorker, KVConnectorBlockState=KVConnectorBlockState,
+        MooncakeStoreWorker=MooncakeStoreWorker,
         MambaSpec=MambaSpec)
 
 
@@ -181,10 +181,6 @@ class VllmMooncakeConnector(ConnectorAdapter):
     def _req(self, rid: str) -> Any:
         return self.core.requests[rid]
 
-    @staticmethod
-    def _none_if_empty(ids: tuple[list[int], ...]) -> tuple[list[int], ...] | None:
-        return ids if any(ids) else None
-
     # --- scheduler side ----------------------------------------------------------------
 
     def after_alloc(self, rid: str, table: tuple[list[int], ...],
@@ -204,32 +200,7 @@ class VllmMooncakeConnector(ConnectorAdapter):
               finished: set[str], preempted: set[str],
               offloads: dict[str, list[tuple[int, int, int]]],
               table: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        m = self.m
-        new_reqs, cached = [], []
-        for rid, _, kind, ids, computed in rows:
-            if kind == "new":
-                req = self._req(rid)
-                new_reqs.append(SimpleNamespace(
-                    req_id=rid, block_ids=tuple(list(g) for g in ids),
-                    num_computed_tokens=computed, prompt_token_ids=req.prompt_token_ids,
-                    prefill_token_ids=None))
-            else:
-                cached.append((rid, kind, ids, computed))
-        cached.sort(key=lambda c: c[1] == "resumed")  # running first, then resumed (SC:1939)
-        cached_data = SimpleNamespace(
-            req_ids=[c[0] for c in cached],
-            resumed_req_ids={c[0] for c in cached if c[1] == "resumed"},
-            new_block_ids=[self._none_if_empty(c[2]) for c in cached],
-            num_computed_tokens=[c[3] for c in cached])
-        block_state = m.KVConnectorBlockState(
-            req_ids={rid for rid in [r[0] for r in rows] + list(offloads)},
-            resolve_block_ids=lambda rid: tuple(list(g) for g in table(rid)),
-            boundary_state_offloads={rid: list(e) for rid, e in offloads.items()})
-        out = SimpleNamespace(
-            finished_req_ids=set(finished), preempted_req_ids=set(preempted),
-            scheduled_new_reqs=new_reqs, scheduled_cached_reqs=cached_data,
-            num_scheduled_tokens={r[0]: r[1] for r in rows},
-            kv_connector_block_state=block_state)
+        out = scheduler_output(rows, finished, preempted, offloads, table, self.core.requests)
         meta = self.sched.build_connector_meta(out)
         jobs = [self._job_obs(r) for r in meta.requests if r.can_save]
         loads = [{"rid": r.req_id, "local": r.load_spec.vllm_cached_tokens,
@@ -241,7 +212,7 @@ class VllmMooncakeConnector(ConnectorAdapter):
                     if r.can_save:
                         thread.add_request(copy.copy(r))
             # get_finished -> _close_ended_store_requests (MW:1979-1990)
-            m.MooncakeStoreWorker._close_ended_store_requests(w, set(finished), meta)
+            self.m.MooncakeStoreWorker._close_ended_store_requests(w, set(finished), meta)
         return jobs, loads
 
     def pinned(self) -> dict[int, tuple[list[int], int]]:

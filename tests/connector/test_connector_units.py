@@ -1,5 +1,6 @@
 """Unit checks of the reference connector model against numbers verified on vLLM 0.33
-(notes §3.2, §3.6, §6.2) and of the connector trace format (config validation, store scripts)."""
+(``_partial_tail_non_mamba_puts`` and the lookup rules) and of the connector trace
+format (config validation, store scripts)."""
 
 from __future__ import annotations
 
@@ -39,7 +40,8 @@ def _cfg(fa_bs: int, eagle: bool, h: int = 4, m_bs: int = 16) -> SimpleNamespace
 ])
 def test_attention_tail_puts_match_vllm(fa_bs: int, eagle: bool, prompt: int,
                                         expected: list[int]) -> None:
-    """notes §3.2 [ran 0.33]: lcm 16, h 4, Mamba 16, checkpoint 44."""
+    """As vLLM 0.33's ``_partial_tail_non_mamba_puts`` answers: lcm 16, h 4, Mamba 16,
+    checkpoint 44."""
     geo = StoreGeometry.from_config(_cfg(fa_bs, eagle))
     table = list(range(1, 20))
     job = ReqMeta(req_id="r", token_len_chunk=0, block_ids=(table, [0, 0, 30]),
