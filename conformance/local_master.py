@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from .base import StoreError
+from tailproof.impl.stores.base import StoreError
 
 # Read leases: a get's lease must outlive its transfer, or Mooncake answers -707 LEASE_EXPIRED
 # (seen at 200 ms for a 65 MiB batch on a loaded 2-core machine); 2 s keeps tests and
