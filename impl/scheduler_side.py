@@ -61,7 +61,8 @@ class LoadSpec:
 
 @dataclass(kw_only=True)
 class RequestTracker:
-    """Per running request: what has been computed and saved (``data.RequestTracker``)."""
+    """Per running request: what has been computed and saved (``data.RequestTracker``;
+    restated, not imported, from ``reference.connector.meta`` like the rest of this module)."""
 
     req_id: str
     token_len: int
