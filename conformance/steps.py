@@ -139,11 +139,11 @@ class Steps:
                              connector_lookup)]
         return self.end(ok, release, finished, preempted)
 
-    def prefill(self, rid: str, chunks: int, budget: int | None = None) -> None:
+    def prefill(self, rid: str, chunks: int) -> None:
         """``chunks`` planned steps of one request, the first one its admission."""
-        self.step(admit=(rid,), budget=budget)
+        self.step(admit=(rid,))
         for _ in range(chunks - 1):
-            self.step(run=(rid,), budget=budget)
+            self.step(run=(rid,))
 
     def finish(self, rid: str) -> None:
         """A finished request's block side (``Scheduler._free_request``): the finish-time tail
