@@ -13,7 +13,7 @@ from tailproof.conformance.connector_ops import (
     validate_connector_config,
 )
 from tailproof.conformance.ops import all_op_specs
-from tailproof.conformance.trace import TraceError, parse_trace
+from tailproof.conformance.trace import FORMAT_TAG, TraceError, parse_trace
 from tailproof.reference.connector.config import StoreGeometry
 from tailproof.reference.connector.lookup import arbitrate
 from tailproof.reference.connector.meta import BoundaryPut, ReqMeta
@@ -84,7 +84,7 @@ def test_connector_config_defaults_and_errors() -> None:
 
 
 def test_trace_loader_validates_the_connector_section() -> None:
-    doc = {"format": "tailproof-trace/1", "config": {
+    doc = {"format": FORMAT_TAG, "config": {
         "groups": [{"kind": FA, "block_size": 16}, {"kind": M, "block_size": 16}],
         "hash_block_size": 4, "num_blocks": 8, "connector": {"role": "nope"}}, "ops": []}
     with pytest.raises(TraceError, match="config.connector: role"):
@@ -96,7 +96,7 @@ def test_trace_loader_validates_the_connector_section() -> None:
 def test_connector_ops_are_merged_into_the_vocabulary() -> None:
     specs = all_op_specs()
     assert set(CONNECTOR_OP_SPECS) <= set(specs)
-    doc = {"format": "tailproof-trace/1", "config": {
+    doc = {"format": FORMAT_TAG, "config": {
         "groups": [{"kind": FA, "block_size": 16}, {"kind": M, "block_size": 16}],
         "hash_block_size": 4, "num_blocks": 8},
         "ops": [{"op": "add_request", "rid": "A", "tokens": [1, 2, 3, 4]},
