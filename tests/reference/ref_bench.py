@@ -1,7 +1,7 @@
 """Allocate/free-heavy cycles on the reference and on vLLM 0.33's KVCacheManager.
 
 Each cycle is ``benchmarks/core_workload.cycle``: lookup, every scheduler-split prefill chunk,
-drain hand-offs and copies, release retentions, finalize, free (the loop of ``vllm_cpu.md`` §4).
+drain hand-offs and copies, release retentions, finalize, free (``Scheduler.schedule``'s order).
 ``python tests/reference/ref_bench.py`` prints cycles/s of both.
 """
 

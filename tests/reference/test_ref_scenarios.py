@@ -1,4 +1,4 @@
-"""C1..C10 (vllm_semantics.md §6.1): the exact vLLM 0.33 block ids, on the reference and (marked
+"""C1..C10 (docs/citations.md): the exact vLLM 0.33 block ids, on the reference and (marked
 ``vllm``) on vLLM itself through the conformance driver."""
 
 from __future__ import annotations
