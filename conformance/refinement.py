@@ -15,28 +15,27 @@ Hypothesis prints the minimal op sequence on failure (``note`` records each op).
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 from hypothesis import note
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from tailproof.conformance.adapters.reference_core import ReferenceCoreBackend
 from tailproof.conformance.trace import GroupConfig, TraceConfig
 from tailproof.spec import invariants as inv
 from tailproof.spec.machines import BASE, GEOMETRIES
 from tailproof.spec.model import FA, MAMBA, Config, Hit, Req, State, initial
 
-REF_BACKEND = "tailproof.conformance.adapters.reference_core:ReferenceCoreBackend"
-VLLM_BACKEND = "tailproof.conformance.adapters.vllm_core:VllmCoreBackend"
 #: invariants checked on the abstraction of an implementation's observable state
 REFINED = ("I1", "I2", "I3", "I4", "I9", "I10", "I12", "I19")
 
 
-def load_backend(path: str) -> Any:
-    """The backend class at ``module:attr`` (imported when used: only the vLLM test needs vLLM)."""
-    module, _, attr = path.partition(":")
-    return getattr(importlib.import_module(module), attr)
+def vllm_core(config: TraceConfig) -> Any:
+    """vLLM 0.33's ``KVCacheManager`` behind the core interface (vLLM imported only here)."""
+    from tailproof.conformance.adapters.vllm_core import VllmCoreBackend
+
+    return VllmCoreBackend(config)
 
 
 def trace_config(cfg: Config) -> TraceConfig:
@@ -76,7 +75,7 @@ class RefinementMachine(RuleBasedStateMachine):
     """Random scheduler-shaped op sequences on an implementation; after each op the
     abstraction of its state must satisfy the spec invariants in ``REFINED``."""
 
-    backend_path = REF_BACKEND
+    make_core = staticmethod(ReferenceCoreBackend)
     steps = 0  #: ops applied by every instance in this process (the CI test reports them)
 
     def __init__(self) -> None:
@@ -92,7 +91,7 @@ class RefinementMachine(RuleBasedStateMachine):
         self.cfg = Config(h=h, bs_fa=bf, bs_mamba=bm, num_blocks=blocks,
                           prompts=tuple(BASE[:n] for n in lens), workers=1)
         note(f"config: {self.cfg}")
-        self.core = load_backend(self.backend_path)(trace_config(self.cfg))
+        self.core = self.make_core(trace_config(self.cfg))
         self.rids = [f"r{i}" for i in range(len(lens))]
         self.status = {r: "waiting" for r in self.rids}
         for rid, p in zip(self.rids, self.cfg.prompts, strict=True):
@@ -222,4 +221,4 @@ class RefinementMachine(RuleBasedStateMachine):
 class VllmRefinementMachine(RefinementMachine):
     """The same machine on vLLM 0.33's own ``KVCacheManager``."""
 
-    backend_path = VLLM_BACKEND
+    make_core = staticmethod(vllm_core)

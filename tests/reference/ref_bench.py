@@ -46,23 +46,17 @@ def compare(n: int = 2000, length: int = 200, identical: bool = False,
     """(reference seconds, vllm seconds) on the same workload, each the best of ``repeats``
     interleaved runs (the machine may be shared)."""
     from tailproof.conformance.adapters.reference_core import ReferenceCoreBackend
+    from tailproof.conformance.adapters.vllm_core import VllmCoreBackend
 
-    try:
-        from ref_vllm_shim import vllm_backend_class
-    except ImportError:  # run as a script from the repo root
-        import sys
-        sys.path.insert(0, "tests/reference")
-        from ref_vllm_shim import vllm_backend_class
     cfg = bench_config(mamba_block)
     prompts = workload(n, length, identical)
-    vllm_cls = vllm_backend_class()
     # Warm both (imports, caches), then time.
     run_cycles(ReferenceCoreBackend(cfg), prompts[:50])
-    run_cycles(vllm_cls(cfg), prompts[:50])
+    run_cycles(VllmCoreBackend(cfg), prompts[:50])
     ref = vll = float("inf")
     for _ in range(repeats):
         ref = min(ref, run_cycles(ReferenceCoreBackend(cfg), prompts))
-        vll = min(vll, run_cycles(vllm_cls(cfg), prompts))
+        vll = min(vll, run_cycles(VllmCoreBackend(cfg), prompts))
     return ref, vll
 
 

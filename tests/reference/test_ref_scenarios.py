@@ -34,7 +34,4 @@ def test_reference_matches_vllm_ids(name: str) -> None:
 @pytest.mark.vllm
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
 def test_vllm_agrees_with_recorded_ids(name: str) -> None:
-    from ref_vllm_shim import vllm_backend_class
-
-    vllm_backend_class()
     assert run_expectations(SCENARIOS[name], "vllm") == []
