@@ -15,112 +15,23 @@ boundary puts. It states *what must be accounted for*, not how vLLM lays out its
   (store jobs that pin, put, are reported by every worker rank and then unpin);
 * the boundary arithmetic of :mod:`spec.arithmetic` (the functions the reference also runs).
 
-Transitions are methods named after the vLLM function they abstract. ``enabled()`` lists every
-action of a state; ``apply()`` runs one on a copy. The rules that a seeded bug changes are small
-methods of their own (each one step of a vLLM function), so the proofs can seed a bug by
-overriding one of them in a subclass and show that the checkers have teeth.
+The records a state holds (:class:`Config`, requests, store jobs, the last lookup) are in
+:mod:`spec.records`. Transitions are methods named after the vLLM function they abstract.
+``enabled()`` lists every action of a state; ``apply()`` runs one on a copy. The rules that a
+seeded bug changes are small methods of their own (each one step of a vLLM function), so the
+proofs can seed a bug by overriding one of them in a subclass and show that the checkers have
+teeth.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from functools import lru_cache
+from dataclasses import replace
 
-from .arithmetic import (
-    cdiv,
-    checkpoint_position,
-    clip_joint_hit,
-    fine_grained,
-    hit_alignment,
-    lcm_all,
-    round_down,
-    tail_put_range,
-)
+from .arithmetic import cdiv, clip_joint_hit, fine_grained, round_down, tail_put_range
+from .records import FA, MAMBA, NULL, Config, Hit, Job, Key, Put, Req, ck_int
 
-NULL = 0
-FA, MAMBA = 0, 1
-Key = tuple[int, tuple[int, ...]]  # (group, prefix tokens): the comparable form of a block hash
-
-
-@dataclass(frozen=True)
-class Config:
-    """Geometry, pool and workload of one model instance (small on purpose: it is enumerated)."""
-
-    h: int = 2
-    bs_fa: int = 2
-    bs_mamba: int = 4
-    num_blocks: int = 8
-    prompts: tuple[tuple[int, ...], ...] = ((1, 1, 2, 2), (1, 1, 2, 2, 3))
-    workers: int = 2
-    defer_block_free: bool = False
-    use_eagle: bool = False
-    outcomes: tuple[str, ...] = ("ok", "full", "error")
-    priority_preempt: bool = False
-
-    @property
-    def lcm(self) -> int:
-        return lcm_all([self.bs_fa, self.bs_mamba])
-
-    @property
-    def partial_hits(self) -> bool:
-        """``partial_hash_hits_enabled``: a Mamba align group with block size > h."""
-        return self.bs_mamba > self.h
-
-    @property
-    def A(self) -> int:  # noqa: N802 - the alignment unit's name in docs/spec.md
-        return hit_alignment(self.h, self.lcm, self.partial_hits)
-
-
-@lru_cache(maxsize=4096)
-def ck_int(p: int, h: int, eagle: bool) -> int:
-    """:func:`spec.arithmetic.checkpoint_position` on ints, memoised for state-space search."""
-    return checkpoint_position(p, h, eagle)
-
-
-@dataclass
-class Req:
-    """One request: prompt, progress, block tables and Mamba producer marker."""
-
-    prompt: tuple[int, ...]
-    status: str = "waiting"  # waiting | running | finished
-    computed: int = 0  # num_computed_tokens (advanced at schedule time, as vLLM does)
-    fa: list[int] = field(default_factory=list)
-    mamba: list[int] = field(default_factory=list)
-    marker: tuple[int, int] | None = None  # _producer_partial_tail_reqs: (source block, boundary)
-    stops: tuple[int, ...] = ()  # chunk ends since the last (re)start
-    epoch: int = 0  # bumped by preemption: older store jobs become "not live"
-
-    def clone(self) -> Req:
-        r = Req.__new__(Req)
-        r.__dict__.update(self.__dict__)
-        r.fa, r.mamba = list(self.fa), list(self.mamba)
-        return r
-
-
-@dataclass
-class Job:
-    """A connector store job: the distinct blocks it pins and the boundary puts it performs."""
-
-    rid: int
-    epoch: int
-    ids: tuple[int, ...]
-    puts: tuple[tuple[int, tuple[int, ...], int], ...]  # (group, prefix, block)
-    fence: int  # the step whose execution the job synchronizes on (current_event.synchronize)
-    ran: frozenset[int] = frozenset()
-    reported: frozenset[int] = frozenset()
-    released: bool = False
-
-
-@dataclass
-class Hit:
-    """The last lookup: what ``find_longest_cache_hit`` returned and the keys it saw."""
-
-    rid: int
-    num_tokens: int
-    hit: int
-    fa: tuple[int, ...]
-    mamba: tuple[int, ...]
-    keys: frozenset[Key]
+__all__ = ["FA", "MAMBA", "NULL", "Config", "Hit", "Job", "Key", "NoBlocks", "Put", "Req",
+           "State", "ck_int", "initial"]
 
 
 class NoBlocks(Exception):
@@ -287,8 +198,7 @@ class State:
         r.fa, r.mamba = [], []
         return ids
 
-    def job_blocks(self, r: Req, puts: list[tuple[int, tuple[int, ...], int]], n: int
-                   ) -> list[int]:
+    def job_blocks(self, r: Req, puts: list[Put], n: int) -> list[int]:
         """The distinct blocks a store job pins: its put blocks, once each
         (``_reference_save_blocks``, ``dict.fromkeys``)."""
         return list(dict.fromkeys(pb for _, _, pb in puts))
@@ -298,8 +208,7 @@ class State:
         for b in ids:
             self.touch(b)
 
-    def mark_pressure(self, rid: int, rank: int, keys: list[tuple[int, tuple[int, ...], int]]
-                      ) -> None:
+    def mark_pressure(self, rid: int, rank: int, keys: list[Put]) -> None:
         """``_mark_request_skipped_for_pressure`` after a -200 put: flag, then the request; the
         failed ``keys`` stay absent."""
         self.pressure = True
