@@ -71,7 +71,7 @@ def to_trace(cfg: Config, actions: list[tuple], name: str, description: str) -> 
     steps = Steps(ops.append, connector=conn)
     commits: list[str] = []  # with a connector, the step's commits come after conn_step
     ended: dict[str, list[str]] = {"finished": [], "preempted": []}
-    s: State = initial(replace_mutant(cfg))
+    s: State = initial(cfg)
     for act in actions:
         kind, args = act[0], act[1:]
         if kind == "schedule":
@@ -137,10 +137,3 @@ def _config(cfg: Config, conn: bool) -> dict[str, Any]:
     if conn:
         config["connector"] = {"role": "producer", "num_workers": cfg.workers}
     return config
-
-
-def replace_mutant(cfg: Config) -> Config:
-    """The unmutated system: the trace shows what the real code does on this scenario."""
-    from dataclasses import replace
-
-    return replace(cfg, mutant=None)
