@@ -106,15 +106,20 @@ def resolve_adapters(names: list[str], skip_missing: bool,
     return run, not_run
 
 
-def _impl_store(args: argparse.Namespace, adapters: list[str]) -> contextlib.ExitStack:
-    """Point the impl adapter at the chosen store; for ``--store mooncake`` without a master
-    address, start a ``mooncake_master`` on 127.0.0.1 for the run and stop it by PID after."""
-    stack = contextlib.ExitStack()
-    if "impl" not in adapters or args.store is None:
-        return stack
+def _impl_options(args: argparse.Namespace, adapters: list[str],
+                  stack: contextlib.ExitStack) -> dict[str, dict[str, Any]]:
+    """``make_driver`` options of the impl adapter (``--store``, ``--device``); for ``--store
+    mooncake`` without a master address, start a ``mooncake_master`` on 127.0.0.1 for the run
+    (stopped by PID when ``stack`` closes)."""
+    if "impl" not in adapters or (args.store is None and args.device is None):
+        return {}
     from tailproof.conformance.adapters import impl as impl_adapter
 
-    store_config: dict[str, Any] = {}
+    options: dict[str, Any] = {}
+    if args.device is not None:
+        options["device"] = args.device
+    if args.store is not None:
+        options["store"] = args.store
     if args.store == "mooncake":
         if importlib.util.find_spec("mooncake") is None:
             raise UsageError("--store mooncake: the Mooncake store package is not installed",
@@ -122,15 +127,12 @@ def _impl_store(args: argparse.Namespace, adapters: list[str]) -> contextlib.Exi
                              "libibverbs1), or --store memory")
         address = args.mooncake_master
         if not address:
-            from tailproof.impl.stores.local_master import LocalMaster
+            from tailproof.conformance.local_master import LocalMaster
 
             address = stack.enter_context(LocalMaster()).address
-        store_config = {"master_address": address}
-    saved = dict(impl_adapter.ImplConnector.options)
-    impl_adapter.ImplConnector.options = {"store": args.store, "store_config": store_config}
-    stack.callback(setattr, impl_adapter.ImplConnector, "options", saved)
+        options["store_config"] = {"master_address": address}
     stack.callback(impl_adapter.close_shared_stores)
-    return stack
+    return {"impl": options}
 
 
 # --- running --------------------------------------------------------------------------------
@@ -147,14 +149,14 @@ def _progress(i: int, n: int, label: str, tty: bool) -> None:
           end="" if i < n else "\n", file=sys.stderr, flush=True)
 
 
-def run_all(traces: list[Trace], adapters: list[str], strict: bool,
-            progress: bool) -> list[CaseResult]:
+def run_all(traces: list[Trace], adapters: list[str], strict: bool, progress: bool,
+            options: dict[str, dict[str, Any]] | None = None) -> list[CaseResult]:
     tty = sys.stderr.isatty()
     results = []
     for i, t in enumerate(traces):
         if progress:
             _progress(i, len(traces), t.name, tty)
-        results.append(run_trace(t, adapters, strict))
+        results.append(run_trace(t, adapters, strict, options))
     if progress:
         _progress(len(traces), len(traces), "", tty)
     return results
@@ -176,8 +178,9 @@ def _vllm_line(info: vllm_compat.VllmInfo) -> str:
 def _conformance(args: argparse.Namespace, traces: list[Trace], adapters: list[str],
                  strict: bool, progress: bool) -> tuple[list[CaseResult], float]:
     t0 = time.perf_counter()
-    with _impl_store(args, adapters):
-        results = run_all(traces, adapters, strict, progress)
+    with contextlib.ExitStack() as stack:
+        options = _impl_options(args, adapters, stack)
+        results = run_all(traces, adapters, strict, progress, options)
     return results, time.perf_counter() - t0
 
 
@@ -454,9 +457,11 @@ def _check_junit(args: argparse.Namespace) -> None:
 
 def _store_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--store", choices=["memory", "mooncake"], default=None,
-                   help="store behind the impl adapter (unset: memory, or $TAILPROOF_STORE)")
+                   help="store behind the impl adapter (unset: memory)")
     p.add_argument("--mooncake-master", metavar="HOST:PORT", default=None,
                    help="an existing mooncake_master (unset: start one on 127.0.0.1)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default=None,
+                   help="device of the impl adapter's KV tensors (unset: cuda if available)")
 
 
 def build_parser() -> Parser:

@@ -54,7 +54,9 @@ CORE_PROBES: tuple[Probe, ...] = (
         "new_step_starts", "truncate_computed_blocks", "take_kv_cache_block_copies",
         "take_boundary_state_offloads", "finalize_partial_tail_offloads",
         "remove_skipped_blocks", "evict_blocks", "reset_prefix_cache", "get_block_ids",
-        "free")),
+        "get_block_ids_for_computed_tokens", "free")),
+    Probe("vllm.v1.core.single_type_kv_cache_manager:SingleTypeKVCacheManager",
+          attrs=("take_pending_cow_copies",)),
     Probe("vllm.v1.core.sched.scheduler:Scheduler._mamba_block_aligned_split", (
         "request", "num_new_tokens", "num_new_local_computed_tokens",
         "num_external_computed_tokens")),

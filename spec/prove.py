@@ -13,7 +13,7 @@ import json
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +43,9 @@ BMC_INSTANCES: list[tuple[str, Config, int, int]] = [
 FINDINGS: list[tuple[str, Config, int, str, str]] = [
     ("priority preemption of a same-step request", Config(priority_preempt=True), 8,
      "SchedulingPolicy.PRIORITY may preempt a request whose chunk was already scheduled and "
-     "cached this step (scheduler.py SC:944-966); its freed blocks keep keys whose KV/state was "
-     "never computed, and a later lookup hits them", "spec_finding_priority_preempt_stale_keys"),
+     "cached this step (Scheduler.schedule, SC:944-966); its freed blocks keep keys whose "
+     "KV/state was never computed, and a later lookup hits them",
+     "spec_finding_priority_preempt_stale_keys"),
 ]
 
 
@@ -144,7 +145,7 @@ def run(quick: bool = False, export: Path | None = None,
 
 def describe(name: str, m: Any) -> str:
     """The description of an exported mutant counterexample."""
-    what = MUTANTS[name][0]
+    what = MUTANTS[name].what
     return (f"Spec counterexample for the seeded mutant '{name}' ({what}): this op sequence is a "
             f"real vLLM 0.33 scenario reaching the rule's precondition; on the mutated model "
             f"it violates {m.invariant} ({m.message}). Reference and vLLM must agree on it.")
@@ -209,5 +210,3 @@ def main(argv: list[str]) -> int:
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
 
-
-__all__ = ["main", "run", "replace"]
