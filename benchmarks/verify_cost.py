@@ -122,7 +122,7 @@ def main() -> None:
     master = None
     if args.store == "mooncake":
         from tailproof.conformance.netns import enter_loopback_namespace
-        from tailproof.impl.stores.local_master import LocalMaster
+        from tailproof.conformance.local_master import LocalMaster
 
         enter_loopback_namespace()
         master = LocalMaster().start()

@@ -151,6 +151,49 @@ def parse_settings(extra: dict[str, Any] | None, kv_role: str | None) -> Setting
     return Settings(kv_role=role, store_config=store_config, **kwargs, **sizes)
 
 
+#: ``distributed_executor_backend`` values whose worker runs in the scheduler's process:
+#: vLLM 0.33 ``Executor.get_class`` maps them to ``UniProcExecutor`` and its subclass
+#: ``ExecutorWithExternalLauncher``; ``ParallelConfig.__post_init__`` picks "uni" for one GPU
+#: when none is set. "mp" (``MultiprocExecutor``) and "ray" start worker processes even at TP=1.
+IN_PROCESS_EXECUTORS = ("uni", "external_launcher")
+
+
+def _executor_name(backend: Any) -> str:
+    if isinstance(backend, str):
+        return backend
+    try:
+        from vllm.v1.executor.uniproc_executor import UniProcExecutor
+    except ImportError:
+        UniProcExecutor = None  # noqa: N806 - the class, when vLLM is importable
+    if isinstance(backend, type) and UniProcExecutor is not None \
+            and issubclass(backend, UniProcExecutor):
+        return "uni"
+    return getattr(backend, "__qualname__", repr(backend))
+
+
+def check_store_placement(store: str, parallel_config: Any) -> list[str]:
+    """Why ``store`` cannot serve this engine's process layout (empty when it can).
+
+    The memory store is a dict inside one process: the scheduler's lookups see the worker's
+    puts only when both run in the same process. Otherwise every lookup searches an empty
+    store and silently never hits, so the engine is refused at start-up instead.
+    """
+    if store != "memory":
+        return []
+    world = parallel_config.tensor_parallel_size * parallel_config.pipeline_parallel_size
+    if world > 1:
+        return [f"store 'memory' lives in one process, but this engine runs {world} worker "
+                "processes (tensor/pipeline parallel); use \"store\": \"mooncake\""]
+    backend = getattr(parallel_config, "distributed_executor_backend", None)
+    name = "uni" if backend is None else _executor_name(backend)
+    if name not in IN_PROCESS_EXECUTORS:
+        return [f"store 'memory' lives in one process, but distributed_executor_backend="
+                f"{name!r} runs the worker in another process than the scheduler (its lookups "
+                "would search an empty store and never hit); use \"store\": \"mooncake\", or "
+                "distributed_executor_backend=\"uni\" (one GPU, in-process worker)"]
+    return []
+
+
 def check_store_config(store_config: dict[str, Any]) -> list[str]:
     """Problems with the store settings, as the store package words them (empty when valid)."""
     from tailproof.impl.stores import StoreConfig, StoreConfigError

@@ -42,6 +42,7 @@ from tailproof.impl.config import (
     ConfigError,
     Settings,
     StoreGeometry,
+    check_store_placement,
     geometry_from_vllm,
     parse_settings,
 )
@@ -151,10 +152,9 @@ class TailproofConnector(KVConnectorBase_V1, SupportsHMA):
         par = vllm_config.parallel_config
         # Workers of this engine (TP x PP): each stores its own shard, each reports every job.
         self.world = par.tensor_parallel_size * par.pipeline_parallel_size
-        if self.world > 1 and self.settings.store == "memory":
-            raise ConfigError([
-                f"store 'memory' lives in one process, but this engine runs {self.world} worker "
-                "processes (tensor/pipeline parallel); use \"store\": \"mooncake\""])
+        placement = check_store_placement(self.settings.store, par)
+        if placement:
+            raise ConfigError(placement)
         dcp = par.decode_context_parallel_size
         self.coord = build_coordinator(self.geo, kv_cache_config, dcp)
         # Per-group EAGLE flags as vLLM's store coordinator merges them (spec groups).

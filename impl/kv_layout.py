@@ -106,11 +106,6 @@ class KVLayout:
             return torch.empty((n, 0), dtype=torch.uint8)
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 
-    def gather_into(self, group: int, block_ids: Sequence[int], out: torch.Tensor) -> None:
-        """Copy the blocks into ``out`` (a CPU uint8 view of ``n * block_nbytes``); blocking."""
-        data = self.gather(group, block_ids)
-        out.view(len(block_ids), -1).copy_(data)
-
     def scatter(self, group: int, block_ids: Sequence[int], data: torch.Tensor) -> None:
         """Write ``data`` (``n * block_nbytes`` uint8, any device) into the given blocks."""
         n = len(block_ids)

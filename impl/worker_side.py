@@ -3,7 +3,11 @@
 Semantics: ``tailproof.reference.connector.worker`` (store jobs; loads have no reference model,
 their bytes are checked by the ``impl`` adapter). Mirrors vLLM 0.33's ``MooncakeStoreWorker``
 (``KVCacheStoreSendingThread._handle_request``, ``KVCacheStoreRecvingThread._handle_request``,
-``_close_ended_store_requests``), executed synchronously inside the step:
+``_close_ended_store_requests``), executed synchronously inside the step.
+Written independently of ``tailproof.reference.connector.worker`` on purpose (not shared):
+the corpus compares the two op by op, and both with vLLM's own code on ``vllm-mooncake``;
+a shared body would compare a function with itself. Pure arithmetic is shared instead
+(``spec.arithmetic``). Per step:
 
 * loads (``start_load_kv``): get every needed key into a staging buffer; only when *all* keys
   of a request arrived intact (``Outcome.ok``) are they scattered into the request's blocks.
@@ -44,11 +48,10 @@ from tailproof.impl.meta import LoadJob, StoreJob, TailproofMeta, TailproofWorke
 from tailproof.impl.metrics import WorkerMetrics
 from tailproof.impl.stores import Status, Store
 from tailproof.impl.value_format import HEADER_BYTES, ValueCodec, slot_nbytes
-from tailproof.spec.arithmetic import cdiv
+from tailproof.spec.arithmetic import NULL_BLOCK_ID, cdiv
 
 logger = logging.getLogger(__name__)
 
-NULL_BLOCK_ID = 0
 
 
 class PressureGate:

@@ -1,4 +1,4 @@
-"""Export a model action sequence as a conformance trace (``tailproof-trace/1``).
+"""Export a model action sequence as a conformance trace (trace format 1).
 
 A counterexample found on a mutated model is a real scenario of the *unmutated* system up to
 the step where the seeded rule fires; exporting it gives the conformance suite a case that
@@ -25,13 +25,18 @@ requests since the last one) and the step's ``commit``s move after it, as in vLL
 ``finish`` becomes ``conn_finish`` + ``free``. Worker ops run FIFO per rank in vLLM, so a
 sequence that runs a rank's jobs out of order is not mappable.
 
-Observations are left to the adapters (no ``expect``): the trace checks that the
-implementations agree on the scenario; the model's own verdict is in the description.
+The steps are written with the harness's step builder (``tailproof.conformance.steps``, a
+leaf module: the op vocabulary and nothing else), without running; the model says which
+chunks were scheduled. Observations are left to the adapters (no ``expect``): the trace checks
+that the implementations agree on the scenario; the model's own verdict is in the description.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from tailproof.conformance.steps import Steps, op
+from tailproof.conformance.trace import FORMAT_TAG
 
 from ..model import Config, State, initial
 
@@ -61,71 +66,67 @@ def to_trace(cfg: Config, actions: list[tuple], name: str, description: str) -> 
     if not mappable(actions):
         raise ValueError("worker ops out of FIFO order")
     conn = needs_connector(actions)
-    commits: list[dict[str, Any]] = []
-    ended: dict[str, list[str]] = {"finished": [], "preempted": []}
     rid = [f"r{i}" for i in range(len(cfg.prompts))]
-    ops: list[dict[str, Any]] = [
-        {"op": "add_request", "rid": rid[i], "tokens": list(p), "max_tokens": 16}
-        for i, p in enumerate(cfg.prompts)
-    ]
-    s: State = initial(replace_mutant(cfg))
+    ops = [op("add_request", rid=rid[i], tokens=list(p)) for i, p in enumerate(cfg.prompts)]
+    steps = Steps(ops.append, connector=conn)
+    commits: list[str] = []  # with a connector, the step's commits come after conn_step
+    ended: dict[str, list[str]] = {"finished": [], "preempted": []}
+    s: State = initial(cfg)
     for act in actions:
         kind, args = act[0], act[1:]
-        if kind == "begin_step":
-            ops.append({"op": "new_step"})
-        elif kind == "schedule":
+        if kind == "schedule":
             i = args[0]
-            waiting = s.reqs[i].status == "waiting"
-            before = s.reqs[i].computed
+            waiting, before = s.reqs[i].status == "waiting", s.reqs[i].computed
             if waiting:
-                ops.append({"op": "lookup", "rid": rid[i]})
-                ops.append({"op": "plan_chunk", "rid": rid[i], "use_hit": True})
-                ops.append({"op": "allocate", "rid": rid[i], "n": "plan", "use_hit": True})
+                steps.admit(rid[i], connector_lookup=False)
             else:
-                ops.append({"op": "plan_chunk", "rid": rid[i]})
-                ops.append({"op": "allocate", "rid": rid[i], "n": "plan"})
-            t = s.apply(act)
-            if t.reqs[i].status == "running" and (waiting or t.reqs[i].computed != before):
-                (commits if conn else ops).append({"op": "commit", "rid": rid[i]})
-            s = t
+                steps.run(rid[i])
+            s = s.apply(act)
+            if s.reqs[i].status == "running" and (waiting or s.reqs[i].computed != before):
+                if conn:
+                    commits.append(rid[i])
+                else:
+                    steps.commit(rid[i])
             continue
-        elif kind == "end_schedule":
-            ops.append({"op": "drain_offloads"})
-            ops.append({"op": "drain_copies"})
-            if s.pending_copies and not cfg.defer_block_free:
-                ops.append({"op": "release_retained"})
-            if conn:
-                ops.append({"op": "conn_step", **ended})
-                ended = {"finished": [], "preempted": []}
-                ops += commits
-                commits = []
-        elif kind == "finish":
-            if conn:
-                ops += [{"op": "conn_finish", "rid": rid[args[0]]},
-                        {"op": "free", "rid": rid[args[0]]}]
-                ended["finished"].append(rid[args[0]])
-            else:
-                ops += [{"op": "finalize_tail", "rid": rid[args[0]]},
-                        {"op": "free", "rid": rid[args[0]]}]
-        elif kind == "preempt":
-            ops.append({"op": "preempt", "rid": rid[args[0]]})
-            ended["preempted"].append(rid[args[0]])
-        elif kind == "run_job":
-            ops.append({"op": "worker_run", "worker": args[1], "n": 1, "store": [args[2]]})
-        elif kind == "report":
-            ops.append({"op": "worker_report", "workers": [args[1]]})
-        elif kind == "evict":
-            keys = sorted([g, len(p)] for (g, p), b in s.keys.items() if b == args[0])
-            ops.append({"op": "evict", "keys": keys})
-        elif kind == "reset":
-            ops.append({"op": "reset"})
-        elif kind == "release":
-            ops.append({"op": "release_retained"})
+        if kind == "end_schedule":
+            steps.end(commits, bool(s.pending_copies) and not cfg.defer_block_free, **ended)
+            commits, ended = [], {"finished": [], "preempted": []}
+        else:
+            _write_action(steps, s, kind, args, rid, ended)
         s = s.apply(act)
-    ops += commits
-    ops.append({"op": "snapshot"})
+    for r in commits:
+        steps.commit(r)
+    ops.append(op("snapshot"))
     if conn:
-        ops += [{"op": "conn_state"}, {"op": "store_keys"}]
+        ops += [op("conn_state"), op("store_keys")]
+    return {"format": FORMAT_TAG, "name": name, "description": description,
+            "config": _config(cfg, conn), "ops": ops}
+
+
+def _write_action(steps: Steps, s: State, kind: str, args: tuple, rid: list[str],
+                  ended: dict[str, list[str]]) -> None:
+    """The ops of one action other than ``schedule`` and ``end_schedule``."""
+    emit = steps.emit
+    if kind == "begin_step":
+        steps.begin()
+    elif kind == "finish":
+        steps.finish(rid[args[0]])
+        if steps.connector:
+            ended["finished"].append(rid[args[0]])
+    elif kind == "preempt":
+        emit(op("preempt", rid=rid[args[0]]))
+        ended["preempted"].append(rid[args[0]])
+    elif kind == "run_job":
+        emit(op("worker_run", worker=args[1], n=1, store=[args[2]]))
+    elif kind == "report":
+        emit(op("worker_report", workers=[args[1]]))
+    elif kind == "evict":
+        emit(op("evict", keys=sorted([g, len(p)] for (g, p), b in s.keys.items() if b == args[0])))
+    elif kind in ("reset", "release"):
+        emit(op("reset" if kind == "reset" else "release_retained"))
+
+
+def _config(cfg: Config, conn: bool) -> dict[str, Any]:
     config: dict[str, Any] = {
         "groups": [{"kind": "full_attention", "block_size": cfg.bs_fa},
                    {"kind": "mamba_align", "block_size": cfg.bs_mamba}],
@@ -135,17 +136,4 @@ def to_trace(cfg: Config, actions: list[tuple], name: str, description: str) -> 
     }
     if conn:
         config["connector"] = {"role": "producer", "num_workers": cfg.workers}
-    return {
-        "format": "tailproof-trace/1",
-        "name": name,
-        "description": description,
-        "config": config,
-        "ops": ops,
-    }
-
-
-def replace_mutant(cfg: Config) -> Config:
-    """The unmutated system: the trace shows what the real code does on this scenario."""
-    from dataclasses import replace
-
-    return replace(cfg, mutant=None)
+    return config

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tailproof.conformance.adapters.runner_sim import GroupShape, SimRunner
 from tailproof.impl.config import Settings, StoreGeometry
 from tailproof.impl.kv_layout import KVLayout, find_block_dim
 from tailproof.impl.meta import (
@@ -14,7 +15,6 @@ from tailproof.impl.meta import (
     TailKeyBoundary,
     TailproofMeta,
 )
-from tailproof.impl.runner_sim import GroupShape, SimRunner
 from tailproof.impl.stores import MemoryStore, Outcome, Status
 from tailproof.impl.worker_side import WorkerSide
 

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 from storetest_helpers import MIB, mooncake_config, pattern, timed, wait_until
 
+from tailproof.conformance.local_master import LocalMaster
 from tailproof.impl.stores import Status, Store, StoreError, make_store
-from tailproof.impl.stores.local_master import LocalMaster
 
 Factory = Callable[..., LocalMaster]  # the mooncake_master_factory fixture
 FAILED = {Status.ERROR, Status.TIMEOUT, Status.MISS}

@@ -1,8 +1,10 @@
-"""Run a ``mooncake_master`` on 127.0.0.1 for tests, benchmarks and single-machine development.
+"""Run a ``mooncake_master`` on 127.0.0.1 for the harness, tests and benchmarks.
 
-Why here: the test fixtures (tests/impl/conftest.py) and the benchmarks both need a real master
-on loopback, started on free ports, ready-checked, and stopped by its own PID (never by name).
-Production deployments run their master themselves; this module is only a convenience.
+Why here (the harness, not ``tailproof.impl``): ``tailproof replay --store mooncake`` without
+``--mooncake-master`` starts one for the run, so the launcher is needed at run time, not only by
+tests; the test fixtures (tests/impl/conftest.py) and the benchmarks use it too. It starts a real
+master on loopback on free ports, checks it is ready, and stops it by its own PID (never by
+name). Production deployments run their master themselves.
 
 The master's log goes to a private folder (``mkdtemp``: mode 0700, unpredictable name, removed
 when the context manager exits) unless the caller names one; the file is opened with
@@ -23,7 +25,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from .base import StoreError
+from tailproof.impl.stores.base import StoreError
 
 # Read leases: a get's lease must outlive its transfer, or Mooncake answers -707 LEASE_EXPIRED
 # (seen at 200 ms for a 65 MiB batch on a loaded 2-core machine); 2 s keeps tests and
