@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 import torch
 
+from tailproof.conformance.adapters.runner_sim import GroupShape, SimRunner
 from tailproof.impl.config import Settings, StoreGeometry, geometry_from_vllm
 from tailproof.impl.fingerprint import Fingerprint, check_tensors, fingerprint_from_vllm
 from tailproof.impl.keys import KeySpace, parse_key
 from tailproof.impl.meta import BoundaryPut, LoadJob, StoreJob, TailKeyBoundary, TailproofMeta
-from tailproof.conformance.adapters.runner_sim import GroupShape, SimRunner
 from tailproof.impl.stores import MemoryStore
 from tailproof.impl.worker_side import WorkerSide
 

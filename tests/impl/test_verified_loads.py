@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
+from tailproof.conformance.adapters.runner_sim import GroupShape, SimRunner
 from tailproof.impl.config import Settings, StoreGeometry
 from tailproof.impl.meta import BoundaryPut, LoadJob, StoreJob, TailKeyBoundary, TailproofMeta
-from tailproof.conformance.adapters.runner_sim import GroupShape, SimRunner
 from tailproof.impl.stores import MemoryStore, Store, make_store
 from tailproof.impl.value_format import HEADER_BYTES
 from tailproof.impl.worker_side import WorkerSide
