@@ -26,8 +26,9 @@ requests since the last one) and the step's ``commit``s move after it, as in vLL
 sequence that runs a rank's jobs out of order is not mappable.
 
 The steps are written with the harness's step builder (``tailproof.conformance.steps``),
-without running; the model says which chunks were scheduled. Observations are left to the adapters (no ``expect``): the trace checks
-that the implementations agree on the scenario; the model's own verdict is in the description.
+without running; the model says which chunks were scheduled. Observations are left to the
+adapters (no ``expect``): the trace checks that the implementations agree on the scenario;
+the model's own verdict is in the description.
 """
 
 from __future__ import annotations
