@@ -20,7 +20,7 @@ from typing import Any
 from .invariants import ALL
 from .model import Config
 from .proofs.bmc import bmc
-from .proofs.export import mappable, to_trace
+from .proofs.export import mappable
 from .proofs.induction import all_induction, induction_mutants
 from .proofs.lemmas import all_lemmas, lemma_mutants
 from .proofs.mutants import MUTANTS, run_mutant
@@ -105,6 +105,8 @@ def run(quick: bool = False, export: Path | None = None,
             entry["unmappable_reason"] = "runs a rank's store jobs out of FIFO order"
         if export is not None and m.trace and entry["mappable"]:
             path = export / f"spec_{name}.json"
+            from tailproof.conformance.spec_export import to_trace  # the harness writes traces
+
             doc = to_trace(m.config, m.trace, f"spec_{name}", describe(name, m))
             path.write_text(json.dumps(doc, indent=1) + "\n")
             entry["trace"] = str(path)
@@ -131,6 +133,8 @@ def run(quick: bool = False, export: Path | None = None,
                              "steps": [list(a) for a in b.trace or []], "explanation": why,
                              "seconds": round(b.seconds, 3)}
         if export is not None and b.trace and mappable(b.trace):
+            from tailproof.conformance.spec_export import to_trace  # the harness writes traces
+
             doc = to_trace(cfg, b.trace, fname, f"Spec finding: {why}. The spec's ghost "
                            f"check reports {f['invariant']} ({f['message']}); the final "
                            "lookup of r1 hits the never-computed blocks.")

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from tailproof.conformance.spec_export import to_trace
 from tailproof.spec.model import Config
 from tailproof.spec.proofs.bmc import bmc, replay
-from tailproof.spec.proofs.export import mappable, to_trace
+from tailproof.spec.proofs.export import mappable
 from tailproof.spec.proofs.induction import all_induction, induction_mutants
 from tailproof.spec.proofs.lemmas import all_lemmas, lemma_mutants
 from tailproof.spec.proofs.mutants import MUTANTS, run_mutant
