@@ -57,13 +57,6 @@ class TraceConfig:
     def scheduler_block_size(self) -> int:
         return lcm_all(self.block_sizes)
 
-    @property
-    def partial_hits(self) -> bool:
-        """vLLM's ``partial_hash_hits_enabled`` for FA + Mamba-align groups: some Mamba group
-        has a block larger than h (FA and Mamba managers both support fine-grained lookup)."""
-        return self.enable_caching and any(
-            g.is_mamba and g.block_size > self.hash_block_size for g in self.groups)
-
 
 @dataclass
 class Trace:

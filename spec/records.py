@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from .arithmetic import checkpoint_position, hit_alignment, lcm_all
+from .arithmetic import checkpoint_position, hit_alignment, lcm_all, partial_hash_hits_enabled
 
 NULL = 0
 FA, MAMBA = 0, 1
@@ -39,8 +39,8 @@ class Config:
 
     @property
     def partial_hits(self) -> bool:
-        """``partial_hash_hits_enabled``: a Mamba align group with block size > h."""
-        return self.bs_mamba > self.h
+        """``partial_hash_hits_enabled`` on the one FA + Mamba-align pair the model has."""
+        return partial_hash_hits_enabled([self.bs_mamba], self.h, hybrid=True)
 
     @property
     def A(self) -> int:  # noqa: N802 - the alignment unit's name in docs/spec.md
