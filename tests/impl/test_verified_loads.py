@@ -9,21 +9,15 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import pytest
 import torch
+from worker_geometry import GEO, HASHES, NB, SHAPES, TOKENS, H
 
-from tailproof.conformance.adapters.runner_sim import GroupShape, SimRunner
-from tailproof.impl.config import Settings, StoreGeometry
+from tailproof.conformance.adapters.runner_sim import SimRunner
+from tailproof.impl.config import Settings
 from tailproof.impl.meta import BoundaryPut, LoadJob, StoreJob, TailKeyBoundary, TailproofMeta
 from tailproof.impl.stores import MemoryStore, Store, make_store
 from tailproof.impl.value_format import HEADER_BYTES
 from tailproof.impl.worker_side import WorkerSide
 
-H, BS, NB = 4, 16, 32
-GEO = StoreGeometry(core_group_ids=(0, 1), block_sizes=(BS, BS), is_mamba=(False, True),
-                hash_block_size=H, lcm_block_size=BS, partial_hits=True, use_eagle=False,
-                num_blocks=NB)
-SHAPES = [GroupShape("full_attention", BS, layers=2), GroupShape("mamba", BS, layers=2)]
-TOKENS = list(range(100, 160))
-HASHES = [bytes([i]) * 8 for i in range(len(TOKENS) // H)]
 TABLES = ([1, 2, 3], [0, 0, 6])
 PUTS = [BoundaryPut(0, 3, 44), BoundaryPut(1, 6, 44)]
 CTAB = ([7, 8, 9], [0, 0, 10])
