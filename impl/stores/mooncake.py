@@ -38,7 +38,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import threading
+import socket
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -62,20 +62,19 @@ _NAMES = {-1: "INTERNAL_ERROR", -10: "BUFFER_OVERFLOW", -101: "SEGMENT_NOT_FOUND
           -704: "OBJECT_NOT_FOUND", -706: "OBJECT_HAS_LEASE", -707: "LEASE_EXPIRED",
           -800: "TRANSFER_FAIL", -900: "RPC_FAIL", -901: "RPC_TIMEOUT"}
 _PROBE_KEY = "__tailproof_probe__"
-#: Longest ``close()`` waits for the client's own close once the master is unreachable (the
-#: client retries unmounting its segment for up to ~20 s); the rest finishes in the background.
+#: Longest ``close()`` takes with the master unreachable (the native close is parked then).
 CLOSE_BOUND_S = 3.0
-#: At interpreter exit, how long to wait for such background closes (native code must not run
-#: while the process tears down).
-EXIT_WAIT_S = 30.0
 logger = logging.getLogger(__name__)
-_BACKGROUND_CLOSES: list[threading.Thread] = []
+#: Clients closed while their master was unreachable: their native close runs at exit.
+_PARKED_CLIENTS: list[Callable[[], None]] = []
 
 
 @atexit.register
-def _join_background_closes() -> None:
-    for t in list(_BACKGROUND_CLOSES):
-        t.join(EXIT_WAIT_S)
+def _close_parked_clients() -> None:
+    while _PARKED_CLIENTS:
+        _PARKED_CLIENTS.pop()()
+
+
 _HEALTH = {1: "store not initialised or closed", 2: "master unreachable"}
 
 
@@ -181,25 +180,38 @@ class MooncakeStore(Store):
     def close(self) -> None:
         """Wait for in-flight calls, unregister buffers, then close the client (in that order).
 
-        With the master unreachable the client's close blocks (7-20 s measured) retrying to
-        unmount its segment: then this returns after :data:`CLOSE_BOUND_S` and the client
-        finishes closing on a background thread (waited for at interpreter exit)."""
-        master_down = self._guard.down_reason is not None or self._health() is not None
-        if not self._guard.close():
+        With the master unreachable the client's close holds the GIL while it retries to
+        unmount its segment (2-20 s measured), which would freeze every thread of the engine:
+        then the client is parked instead and closed at interpreter exit. Either way later
+        calls are refused at once and this returns within :data:`CLOSE_BOUND_S`."""
+        master_down = (self._guard.down_reason is not None or self._health() is not None
+                       or not self._master_listening())
+        if not self._guard.close(wait=not master_down):
             return
+        if master_down:
+            logger.warning("mooncake master at %s unreachable: the client is closed at exit",
+                           self.config.master_address)
+            _PARKED_CLIENTS.append(self._release_client)
+            return
+        self._release_client()
+
+    def _master_listening(self) -> bool:
+        """A TCP connect to the master (health_check stays "healthy" for seconds after it dies)."""
+        host, _, port = self.config.master_address.rpartition(":")
+        if not port.isdigit():
+            return True  # not host:port (an HA address): rely on the breaker and health_check
+        try:
+            socket.create_connection((host or "127.0.0.1", int(port)), timeout=0.5).close()
+        except OSError:
+            return False
+        return True
+
+    def _release_client(self) -> None:
+        self._guard.wait_idle()  # the client segfaults if closed under a running call
         for ptr in list(self._registered):
             self._client.unregister_buffer(ptr)
         self._registered.clear()
-        if not master_down:
-            self._client.close()
-            return
-        t = threading.Thread(target=self._client.close, name="mooncake-close", daemon=True)
-        _BACKGROUND_CLOSES.append(t)
-        t.start()
-        t.join(CLOSE_BOUND_S)
-        if t.is_alive():
-            logger.warning("mooncake client close still waiting for an unreachable master; "
-                           "finishing in the background")
+        self._client.close()
 
     # --- registration ---------------------------------------------------------------------
 

@@ -140,8 +140,8 @@ def test_setup_without_master_fails_fast_with_clear_error(mooncake_available: No
 
 
 def test_close_after_the_master_died_is_bounded(mooncake_master_factory: Factory) -> None:
-    """The client's own close retries unmounting from a dead master for up to ~20 s; the
-    store's close returns within its bound (the rest finishes in the background)."""
+    """The client's own close retries unmounting from a dead master for 2-20 s holding the GIL;
+    the store's close returns within its bound and parks the native close until exit."""
     from tailproof.impl.stores.mooncake import CLOSE_BOUND_S
 
     for touched in (False, True):  # with and without a call that noticed the dead master
