@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from tailproof.conformance.errors import UsageError
 from tailproof.conformance.replay import EXPECTED, CaseResult
 from tailproof.conformance.trace import TraceError
 
@@ -22,9 +23,10 @@ def parse_range(text: str | None, n: int) -> range:
         if not sep:
             stop = start + 1
     except ValueError:
-        raise TraceError(f"--ops: expected A:B (op indices), got {text!r}") from None
+        raise UsageError(f"--ops: expected A:B (op indices), got {text!r}",
+                         "e.g. --ops 120:140") from None
     if start < 0 or stop < start:
-        raise TraceError(f"--ops: expected 0 <= A <= B, got {text!r}")
+        raise UsageError(f"--ops: expected 0 <= A <= B, got {text!r}", "e.g. --ops 120:140")
     return range(start, min(stop, n))
 
 

@@ -22,13 +22,18 @@ pytestmark = pytest.mark.vllm
 
 def test_capture_chat_then_replay_json(tmp_path: Path,
                                        capsys: pytest.CaptureFixture[str]) -> None:
+    import jsonschema
+
     out = tmp_path / "t.json"
-    assert main(["capture", "--workload", "chat", "-o", str(out)]) == 0
-    capsys.readouterr()
+    assert main(["capture", "--workload", "chat", "-o", str(out), "--json"]) == 0
+    cap = json.loads(capsys.readouterr().out)
+    schema = json.loads((CASES_DIR.parent / "schema" / "command.schema.json").read_text())
+    jsonschema.validate(cap, schema)
+    assert cap["command"] == "capture" and cap["body"]["ops"] >= 500
     assert main(["replay", str(out), "--against", "reference,vllm", "--strict-ids",
                  "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
-    assert summary["ops"] >= 500 and summary["divergences"] == []
+    assert summary["ops"] == cap["body"]["ops"] and summary["divergences"] == []
     doc = json.loads(out.read_text())
     assert doc["provenance"]["vllm"] == "0.33.0" and doc["provenance"]["connector"] is None
     kinds = {op["op"] for op in doc["ops"]}

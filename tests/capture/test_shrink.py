@@ -59,9 +59,25 @@ def test_shrink_cli_writes_file_and_sizes(broken: str, tmp_path: Path,
     rc = main(["shrink", str(MIXED), "--against", f"reference,{broken}", "--strict-ids",
                "-o", str(out)])
     assert rc == 0
-    err = capsys.readouterr().err
-    assert f"{len(load_trace(MIXED).ops)} ops ->" in err
+    text = capsys.readouterr().out  # the summary line; the trace itself went to -o
+    assert f"{len(load_trace(MIXED).ops)} ops ->" in text
     assert len(load_trace(out).ops) <= 20
+
+
+def test_shrink_json_follows_the_command_schema(broken: str,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    import jsonschema
+
+    from tailproof.conformance.cli import CASES_DIR as cases
+
+    rc = main(["shrink", str(MIXED), "--against", f"reference,{broken}", "--strict-ids",
+               "--json"])
+    assert rc == 0
+    doc = json.loads(capsys.readouterr().out)
+    schema = json.loads((cases.parent / "schema" / "command.schema.json").read_text())
+    jsonschema.validate(doc, schema)
+    assert doc["command"] == "shrink" and doc["body"]["ops_after"] <= 20
+    assert len(load_trace_doc(doc["body"]["trace"]).ops) == doc["body"]["ops_after"]
 
 
 def test_shrink_without_divergence_is_bad_input(tmp_path: Path,
