@@ -389,13 +389,17 @@ def register_record(sub: Any) -> None:
 def cmd_capture(args: argparse.Namespace) -> int:
     """Run a named workload on vLLM's real Scheduler (CPU) with the recorder attached."""
     t_start = time.perf_counter()
-    from tailproof.conformance.capture.run import CaptureError, capture
+    from tailproof.conformance.capture.run import CaptureError, capture, check_arguments
 
-    info = vllm_compat.inspect_vllm(["vllm"])
-    resolve_adapters(["vllm"], skip_missing=False, info=info)
     if args.max_bytes is not None and args.max_bytes <= 0:
         raise UsageError(f"--max-bytes must be > 0, got {args.max_bytes}",
                          "pass a size in bytes, e.g. 100000000")
+    try:
+        check_arguments(args.workload, args.connector, args.geometry)
+    except CaptureError as e:
+        raise UsageError(str(e), "see tailproof capture --help") from None
+    info = vllm_compat.inspect_vllm(["vllm"])
+    resolve_adapters(["vllm"], skip_missing=False, info=info)
     try:
         res = capture(args.workload, args.output, seed=args.seed, connector=args.connector,
                       geometry=args.geometry, redact=args.redact, max_bytes=args.max_bytes)
@@ -430,8 +434,9 @@ def register_capture(sub: Any) -> None:
     cap.add_argument("-o", "--output", required=True, metavar="FILE",
                      help="the trace to write")
     cap.add_argument("--seed", type=int, default=0, help="seed of the workload's choices")
-    cap.add_argument("--connector", default="none", choices=["none", "tailproof", "mooncake"],
-                     help="KV connector the scheduler runs with; its calls are recorded")
+    cap.add_argument("--connector", default="none", choices=["none"],
+                     help="KV connector the scheduler runs with (connector calls are not "
+                          "recorded yet: none only)")
     cap.add_argument("--geometry", default=None, metavar="G",
                      help=f"block geometry, one of: {', '.join(GEOMETRIES)} "
                           "(unset: fa16-m16-h4)")

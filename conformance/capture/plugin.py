@@ -13,8 +13,8 @@ when recording is asked for, by either
 
 ``{pid}`` in the path is replaced by the process id (several engine cores). The trace is
 closed when the scheduler shuts down (and at interpreter exit otherwise). Without either
-setting the plugin changes nothing. Token lists are written without run-length coding (a
-per-token pass on the scheduler's thread); shared prefixes still become ``prompt_of``.
+setting the plugin changes nothing. The scheduler's thread only queues each op's values;
+a writer thread of the recorder builds, encodes and writes them.
 """
 
 from __future__ import annotations
@@ -59,6 +59,15 @@ def settings(vllm_config: Any) -> dict[str, Any] | None:
             "redact": bool(doc.get("redact", False)), "max_bytes": doc.get("max_bytes")}
 
 
+def _close(recorder: Any) -> None:
+    """Close a recorder; a trace that could not be written is logged, never raised into
+    the engine's shutdown."""
+    try:
+        recorder.close()
+    except Exception as e:  # noqa: BLE001 - the engine must shut down whatever the disk did
+        logger.error("tailproof: the trace could not be written completely: %s", e)
+
+
 def patch_scheduler_class(cls: Any) -> None:
     """Make every ``cls`` instance record when asked to (idempotent)."""
     if getattr(cls, _PATCHED, False):
@@ -73,8 +82,8 @@ def patch_scheduler_class(cls: Any) -> None:
         from tailproof.conformance.capture.recorder import Recorder
 
         self._tailproof_recorder = Recorder.attach(
-            self, s["path"], redact=s["redact"], max_bytes=s["max_bytes"], compact=False)
-        atexit.register(self._tailproof_recorder.close)
+            self, s["path"], redact=s["redact"], max_bytes=s["max_bytes"])
+        atexit.register(_close, self._tailproof_recorder)
         logger.warning("tailproof: recording KV cache manager calls to %s", s["path"])
 
     def shutdown_and_close(self: Any) -> None:
@@ -83,7 +92,7 @@ def patch_scheduler_class(cls: Any) -> None:
         finally:
             rec = getattr(self, "_tailproof_recorder", None)
             if rec is not None:
-                rec.close()
+                _close(rec)
 
     cls.__init__ = __init__
     cls.shutdown = shutdown_and_close

@@ -42,7 +42,7 @@ from typing import Any
 
 from tailproof.conformance.capture.redact import Redactor
 from tailproof.conformance.capture.tokens import PrefixIndex, run_length
-from tailproof.conformance.capture.writer import TraceWriter
+from tailproof.conformance.capture.writer import STEP_BOUNDARY, BackgroundWriter, TraceWriter
 from tailproof.conformance.trace import FORMAT_TAG
 
 RECORDER_VERSION = "tailproof-recorder/1"
@@ -54,6 +54,71 @@ RECORDED = ("new_step_starts", "get_computed_blocks", "allocate_slots",
             "evict_blocks", "reset_prefix_cache")
 UNMODELLED = ("cache_blocks", "pop_blocks_for_free", "get_computed_blocks_for_connector",
               "record_blocks_for_zeroing", "remove_skipped_blocks")
+
+
+# -- op builders: run on the writer thread, from the values the step path captured ---------
+# (keys in the order the ops have always been written, so captures stay byte-identical)
+
+
+def _with_expect(op: dict[str, Any], expect: dict[str, Any], free: int) -> dict[str, Any]:
+    expect["free"] = free
+    op["expect"] = expect
+    return op
+
+
+def _new_step(free: int) -> bytes:
+    return b'{"op":"new_step","expect":{"free":%d}}' % free
+
+
+def _no_offloads(free: int) -> bytes:
+    return b'{"op":"drain_offloads","expect":{"offloads":[],"free":%d}}' % free
+
+
+def _no_copies(free: int) -> bytes:
+    return (b'{"op":"drain_copies","expect":{"copies":[],"retained":[],"handle":null,'
+            b'"free":%d}}' % free)
+
+
+def _ids(groups: list[list[Any]]) -> list[list[int]]:
+    """``KVCacheBlocks.get_block_ids`` of copied group lists (a block's id never changes)."""
+    return [[b.block_id for b in g] for g in groups]
+
+
+def _lookup(rid: str, max_len: int | None, hit: int, groups: list[list[Any]],
+            free: int) -> dict[str, Any]:
+    op: dict[str, Any] = {"op": "lookup", "rid": rid}
+    if max_len is not None:
+        op["max_len"] = max_len
+    op["expect"] = {"hit": hit, "blocks": _ids(groups), "free": free}
+    return op
+
+
+def _allocate(rid: str, n: int, use_hit: bool, external: int, delay: bool, lookahead: int,
+              new: list[list[Any]] | None, free: int) -> dict[str, Any]:
+    op: dict[str, Any] = {"op": "allocate", "rid": rid, "n": n}
+    if use_hit:
+        op["use_hit"] = True
+    if external:
+        op["external"] = external
+    if delay:
+        op["delay_cache"] = True
+    if lookahead:
+        op["lookahead"] = lookahead
+    op["expect"] = {"ok": new is not None,
+                    "new": None if new is None else _ids(new), "free": free}
+    return op
+
+
+def _commit(rid: str, n: int, computed: int, free: int) -> dict[str, Any]:
+    return {"op": "commit", "rid": rid, "n": n, "expect": {"computed": computed, "free": free}}
+
+
+def _set_in_flight(rid: str, n: int, free: int) -> dict[str, Any]:
+    return {"op": "set_in_flight", "rid": rid, "n": n, "expect": {"free": free}}
+
+
+def _request_end(kind: str, rid: str, free: int) -> dict[str, Any]:
+    return {"op": kind, "rid": rid, "expect": {"free": free}}
 
 
 class RecorderUnsupported(ValueError):
@@ -133,14 +198,16 @@ class Recorder:
         self.scheduler = scheduler
         self.mgr = scheduler.kv_cache_manager
         self.pool = self.mgr.block_pool
-        self.writer = writer
+        self.writer = BackgroundWriter(writer)
+        # The step path only appends tuples here; each step's list goes to the writer thread.
+        self._batch: list[tuple[Any, ...]] = []
+        self._push = self._batch.append
         self.config = config or config_from_scheduler(scheduler)
         self.h = self.config["hash_block_size"]
         self.block_sizes = [g["block_size"] for g in self.config["groups"]]
         self.redactor = Redactor(self.h) if redact else None
         self.prefixes = PrefixIndex(self.h)
-        # Run-length coding costs a Python pass per token; a live engine's recorder skips it
-        # (shared prefixes are still written as prompt_of), captures for the corpus keep it.
+        # Run-length coding (a pass per token, on the writer thread) can be turned off.
         self.compact = compact
         self.shadows: dict[str, _Shadow] = {}
         self.unmodelled: dict[str, int] = {}
@@ -151,7 +218,6 @@ class Recorder:
         self._depth = 0
         self._lock = threading.RLock()  # close() / snapshot() against a running engine
         self._num_free = self.pool.get_num_free_blocks
-        self._write = self.writer.write
         self.closed = False
         retention = getattr(scheduler.kv_cache_config, "prefix_cache_retention_interval", None)
         if retention is not None and any(g["kind"] == "mamba_align"
@@ -196,7 +262,7 @@ class Recorder:
         def call(*args: Any, **kwargs: Any) -> Any:
             # The scheduler calls the manager from one thread; ``_depth`` keeps calls the
             # manager makes on itself (and on the scheduler) from being recorded twice.
-            if self._depth or self.closed:
+            if self._depth:  # close() leaves it raised for good
                 return orig(*args, **kwargs)
             self._depth += 1
             try:
@@ -208,16 +274,23 @@ class Recorder:
     def _count(self, orig: Any, name: str) -> Any:
         @functools.wraps(orig)
         def call(*args: Any, **kwargs: Any) -> Any:
-            if not self._depth and not self.closed:
+            if not self._depth:
                 self.unmodelled[name] = self.unmodelled.get(name, 0) + 1
             return orig(*args, **kwargs)
         return call
 
     # -- output -------------------------------------------------------------------------
     def _emit(self, op: dict[str, Any], expect: dict[str, Any]) -> None:
-        expect["free"] = self._num_free()
-        op["expect"] = expect
-        self._write(op)
+        """An op built here (the rare kinds); ``free`` is read now, encoding happens later."""
+        self._push((_with_expect, op, expect, self._num_free()))
+
+    def _hand_over(self) -> None:
+        """Send this step's ops to the writer thread and start a new list."""
+        batch = self._batch
+        if batch:
+            self._batch = []
+            self._push = self._batch.append
+            self.writer.submit(batch)
 
     def close(self) -> None:
         """Finish the file; unmodelled calls (if any) are listed in a last ``comment``."""
@@ -227,55 +300,79 @@ class Recorder:
             self.closed = True
             self._depth += 1
             if self.unmodelled:
-                self.writer.write({"op": "new_step", "comment": "unmodelled manager calls: "
-                                   + ", ".join(f"{k} x{v}"
-                                               for k, v in sorted(self.unmodelled.items()))})
-            self.writer.close()
+                comment = {"op": "new_step", "comment": "unmodelled manager calls: "
+                           + ", ".join(f"{k} x{v}" for k, v in sorted(self.unmodelled.items()))}
+                self._push((dict, comment))
+            last, self._batch = self._batch, []
+            self.writer.close(last)
 
     # -- requests -----------------------------------------------------------------------
-    def _tokens(self, req: Any, start: int, end: int) -> list[int]:
-        toks = list(req.all_token_ids[start:end])
-        if self.redactor is not None:
-            salt = getattr(req, "cache_salt", None)
-            root = salt.encode() if isinstance(salt, str) else b""
-            toks = self.redactor.tokens(toks, start, req.block_hashes, root)
-        return toks
+    def _redacted(self, toks: list[int], start: int, hashes: list[Any] | None,
+                  root: bytes) -> list[int]:
+        if self.redactor is None or hashes is None:
+            return toks
+        return self.redactor.tokens(toks, start, hashes, root)
+
+    def _hashes_for_redaction(self, req: Any) -> tuple[list[Any] | None, bytes]:
+        if self.redactor is None:
+            return None, b""
+        salt = getattr(req, "cache_salt", None)
+        return list(req.block_hashes), salt.encode() if isinstance(salt, str) else b""
+
+    def _add_request(self, rid: str, prompt: list[int], hashes: list[Any],
+                     redact_hashes: list[Any] | None, root: bytes, max_tokens: int | None,
+                     num_hashes: int, free: int) -> dict[str, Any]:
+        prompt = self._redacted(prompt, 0, redact_hashes, root)
+        op: dict[str, Any] = {"op": "add_request", "rid": rid,
+                              "tokens": self.prefixes.encode(rid, prompt, hashes, self.compact)}
+        if max_tokens is not None:
+            op["max_tokens"] = max_tokens
+        op["expect"] = {"num_hashes": num_hashes, "free": free}
+        return op
+
+    def _append_output(self, rid: str, toks: list[int], start: int,
+                       redact_hashes: list[Any] | None, root: bytes, num_hashes: int,
+                       free: int) -> dict[str, Any]:
+        toks = self._redacted(toks, start, redact_hashes, root)
+        return {"op": "append_output", "rid": rid, "tokens": self._runs(toks),
+                "expect": {"num_hashes": num_hashes, "free": free}}
 
     def _sync(self, req: Any) -> _Shadow:
         """Write the request-side ops a replay needs before a manager call on ``req``."""
+        # Only copies of what the op needs are taken here (the token lists grow); building,
+        # prefix sharing, redaction and encoding run on the writer thread, in order.
         rid = req.request_id
         s = self.shadows.get(rid)
         if s is None or s.obj is not req:
             n_prompt = req.num_prompt_tokens
-            prompt = self._tokens(req, 0, n_prompt)
-            hashes = len(req.block_hashes) if req.num_tokens == n_prompt else n_prompt // self.h
-            op: dict[str, Any] = {"op": "add_request", "rid": rid,
-                                  "tokens": self.prefixes.encode(rid, prompt, req.block_hashes,
-                                                                 self.compact)}
+            hashes = req.block_hashes
+            num_hashes = len(hashes) if req.num_tokens == n_prompt else n_prompt // self.h
             max_tokens = getattr(req, "max_tokens", None)
-            if isinstance(max_tokens, int) and max_tokens >= 1 and max_tokens != 16:
-                op["max_tokens"] = max_tokens
-            self._emit(op, {"num_hashes": hashes})
+            if not (isinstance(max_tokens, int) and max_tokens >= 1 and max_tokens != 16):
+                max_tokens = None
+            self._push((self._add_request, rid, req.all_token_ids[:n_prompt],
+                        hashes[: n_prompt // self.h], *self._hashes_for_redaction(req),
+                        max_tokens, num_hashes, self._num_free()))
             s = self.shadows[rid] = _Shadow(req, n_prompt)
             self._note_hashes(req)
         n = req.num_tokens
         if n > s.tokens:
-            self._emit({"op": "append_output", "rid": rid,
-                        "tokens": self._runs(self._tokens(req, s.tokens, n))},
-                       {"num_hashes": len(req.block_hashes)})
+            self._push((self._append_output, rid, req.all_token_ids[s.tokens:n], s.tokens,
+                        *self._hashes_for_redaction(req), len(req.block_hashes),
+                        self._num_free()))
             s.tokens = n
             self._note_hashes(req)
         elif n < s.tokens:
             self._unmodelled("tokens removed from a request")
         c = req.num_computed_tokens
         if c > s.computed:
-            self._emit({"op": "commit", "rid": rid, "n": c - s.computed}, {"computed": c})
+            self._push((_commit, rid, c - s.computed, c, self._num_free()))
             s.computed = c
         elif c < s.computed:
             self._unmodelled("num_computed_tokens rolled back")
         f = req.num_in_flight_tokens
         if f != s.in_flight:
-            self._emit({"op": "set_in_flight", "rid": rid, "n": f}, {})
+            self._push((_set_in_flight, rid, f, self._num_free()))
             s.in_flight = f
         return s
 
@@ -291,24 +388,22 @@ class Recorder:
         for k, bh in enumerate(req.block_hashes):
             self._boundary_of[bytes(bh)] = (k + 1) * self.h
 
-    # -- handlers: each calls the real method and writes the op -------------------------
-    # The three ops of every step have constant shapes: written as bytes directly (the same
-    # text the encoder would produce), they cost a format instead of two dicts.
+    # -- handlers: each calls the real method and queues the op -------------------------
     def _on_new_step_starts(self, orig: Any) -> Any:
-        self.writer.step_boundary()
+        self._hand_over()
         out = orig()
-        self.writer.write_raw(b'{"op":"new_step","expect":{"free":%d}}' % self._num_free())
+        self._push(STEP_BOUNDARY)
+        self._push((_new_step, self._num_free()))
         return out
 
     def _on_get_computed_blocks(self, orig: Any, request: Any,
                                 max_cache_hit_length: int | None = None) -> Any:
         s = self._sync(request)
         out = orig(request, max_cache_hit_length)
-        blocks, hit = out[0], out[1]
-        op: dict[str, Any] = {"op": "lookup", "rid": request.request_id}
-        if max_cache_hit_length is not None:
-            op["max_len"] = max_cache_hit_length
-        self._emit(op, {"hit": hit, "blocks": [list(b) for b in blocks.get_block_ids()]})
+        hit = out[1]
+        # Copies of the group lists (C-level); the ids are read on the writer thread.
+        self._push((_lookup, request.request_id, max_cache_hit_length, hit,
+                    list(map(list, out[0].blocks)), self._num_free()))
         s.pending_hit = hit
         self._last_lookup = request.request_id
         return out
@@ -331,17 +426,9 @@ class Recorder:
             # vLLM's admission gate (scheduler_reserve_full_isl) may have refused it; the
             # trace format has no such gate, so a replay may admit the request.
             self._unmodelled("admission refused with full_sequence_must_fit")
-        op: dict[str, Any] = {"op": "allocate", "rid": request.request_id, "n": num_new_tokens}
-        if use_hit:
-            op["use_hit"] = True
-        if num_external_computed_tokens:
-            op["external"] = num_external_computed_tokens
-        if delay_cache_blocks:
-            op["delay_cache"] = True
-        if num_lookahead_tokens:
-            op["lookahead"] = num_lookahead_tokens
-        new = None if out is None else [list(b) for b in out.get_block_ids()]
-        self._emit(op, {"ok": out is not None, "new": new})
+        self._push((_allocate, request.request_id, num_new_tokens, use_hit,
+                    num_external_computed_tokens, delay_cache_blocks, num_lookahead_tokens,
+                    None if out is None else list(map(list, out.blocks)), self._num_free()))
         s.pending_hit = None
         if out is not None:
             s.computed += (hit or 0) + num_external_computed_tokens
@@ -361,8 +448,7 @@ class Recorder:
     def _on_take_boundary_state_offloads(self, orig: Any) -> Any:
         out = orig()
         if not out:
-            self.writer.write_raw(b'{"op":"drain_offloads","expect":{"offloads":[],"free":%d}}'
-                                  % self._num_free())
+            self._push((_no_offloads, self._num_free()))
             return out
         sizes = self.block_sizes
         self._emit({"op": "drain_offloads"}, {"offloads": [
@@ -376,8 +462,7 @@ class Recorder:
         copies, retained = out
         if not copies and not retained:
             self._last_handle = None
-            self.writer.write_raw(b'{"op":"drain_copies","expect":{"copies":[],"retained":[],'
-                                  b'"handle":null,"free":%d}}' % self._num_free())
+            self._push((_no_copies, self._num_free()))
             return out
         handle = None
         if retained:
@@ -413,7 +498,7 @@ class Recorder:
         finished = request.is_finished()
         out = orig(request)
         rid = request.request_id
-        self._emit({"op": "free" if finished else "preempt", "rid": rid}, {})
+        self._push((_request_end, "free" if finished else "preempt", rid, self._num_free()))
         s.pending_hit = None
         if finished:
             del self.shadows[rid]

@@ -25,10 +25,8 @@ class CaptureResult:
     unmodelled: dict[str, int]
 
 
-def capture(workload: str, path: str | Path, *, seed: int = 0, connector: str = "none",
-            geometry: str | None = None, redact: bool = False,
-            max_bytes: int | None = None) -> CaptureResult:
-    """Run ``workload`` on a fresh CPU engine with the recorder attached; write ``path``."""
+def check_arguments(workload: str, connector: str, geometry: str | None) -> None:
+    """Raise ``CaptureError`` naming the first argument that is not known."""
     if workload not in WORKLOADS:
         raise CaptureError(f"--workload: unknown workload {workload!r} "
                            f"(known: {', '.join(WORKLOADS)})")
@@ -38,6 +36,13 @@ def capture(workload: str, path: str | Path, *, seed: int = 0, connector: str = 
     if geometry is not None and geometry not in GEOMETRIES:
         raise CaptureError(f"--geometry: unknown geometry {geometry!r} "
                            f"(known: {', '.join(GEOMETRIES)})")
+
+
+def capture(workload: str, path: str | Path, *, seed: int = 0, connector: str = "none",
+            geometry: str | None = None, redact: bool = False,
+            max_bytes: int | None = None) -> CaptureResult:
+    """Run ``workload`` on a fresh CPU engine with the recorder attached; write ``path``."""
+    check_arguments(workload, connector, geometry)
     w = WORKLOADS[workload]
     groups, h = GEOMETRIES[geometry] if geometry else (DEFAULT_GROUPS, 4)
     engine = CaptureEngine(groups=groups, h=h, seed=seed, **w.engine)

@@ -10,8 +10,11 @@ replay only joined to their predecessors: ``join_segments``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import queue
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +96,80 @@ class TraceWriter:
     def close(self) -> None:
         if self._f is not None and not self._f.closed:
             self._close_segment()
+
+
+#: a batch item that marks a step boundary (a segment may start there)
+STEP_BOUNDARY: tuple[Any, ...] = ()
+_CLOSE = None  # the queue item that ends the writer thread
+
+
+class BackgroundWriter:
+    """Builds, encodes and writes a recorder's ops off the scheduler's thread.
+
+    The recorder appends one tuple per op to a plain list on the step path -- ``(build,
+    *args)`` with the values the op needs, nothing encoded -- and hands the list over once per
+    engine step (``submit``). A thread calls ``build(*args)`` (an op dict, or bytes already
+    encoded) in order and streams it through a :class:`TraceWriter`, so the output is the
+    same whatever the thread's timing; the thread runs at a lower OS priority (nice +10) so
+    that on a busy host the scheduler's thread gets the CPU first. Memory is bounded: at
+    most ``max_pending`` steps wait; past that ``submit`` blocks until the thread catches up.
+    """
+
+    def __init__(self, writer: TraceWriter, max_pending: int = 256) -> None:
+        self.writer = writer
+        self._queue: queue.Queue[list[tuple[Any, ...]] | None] = queue.Queue(max_pending)
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    @property
+    def num_ops(self) -> int:
+        return self.writer.num_ops
+
+    def submit(self, batch: list[tuple[Any, ...]]) -> None:
+        if self._thread is None:  # started lazily: in the process that records (after forks)
+            self._thread = threading.Thread(target=self._run, name="tailproof-recorder",
+                                            daemon=True)
+            self._thread.start()
+        self._queue.put(batch)
+
+    def _run(self) -> None:
+        with contextlib.suppress(OSError, AttributeError):  # Linux: nice is per thread
+            tid = threading.get_native_id()
+            os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS,
+                                                                        tid) + 10))
+        w = self.writer
+        while True:
+            batch = self._queue.get()
+            if batch is _CLOSE:
+                return
+            if self.error is not None:
+                continue  # the file is broken: drain the queue, keep the engine running
+            try:
+                for item in batch:
+                    if not item:
+                        w.step_boundary()
+                        continue
+                    op = item[0](*item[1:])
+                    if type(op) is bytes:
+                        w.write_raw(op)
+                    else:
+                        w.write(op)
+            except BaseException as e:  # noqa: BLE001 - reported by close()
+                self.error = e
+
+    def close(self, last: list[tuple[Any, ...]] | None = None) -> None:
+        """Write ``last`` and everything pending, end the file; raise what writing raised."""
+        if last:
+            self.submit(last)
+        if self._thread is not None:
+            self._queue.put(_CLOSE)
+            self._thread.join()
+        try:
+            self.writer.close()
+        except OSError as e:
+            self.error = self.error or e
+        if self.error is not None:
+            raise self.error
 
 
 def join_segments(paths: list[str | Path]) -> dict[str, Any]:
