@@ -46,6 +46,8 @@ from tailproof.conformance.capture.writer import STEP_BOUNDARY, BackgroundWriter
 from tailproof.conformance.trace import FORMAT_TAG
 
 RECORDER_VERSION = "tailproof-recorder/1"
+#: ops queued on the step path before they are handed to the writer thread (at a step end)
+HAND_OVER_OPS = 256
 
 # Manager methods recorded as ops, and those counted as unmodelled when called.
 RECORDED = ("new_step_starts", "get_computed_blocks", "allocate_slots",
@@ -149,7 +151,7 @@ def config_from_scheduler(scheduler: Any) -> dict[str, Any]:
             if spec.mamba_cache_mode != "align":
                 raise RecorderUnsupported(
                     f"kv_cache_groups[{i}]: Mamba mode {spec.mamba_cache_mode!r}; the trace "
-                    "format models align mode only (--mamba-cache-mode align)")
+                    "format models align mode only (vLLM 0.33: --enable-prefix-caching)")
             doc: dict[str, Any] = {"kind": "mamba_align", "block_size": spec.block_size}
         elif isinstance(spec, FullAttentionSpec):
             doc = {"kind": "full_attention", "block_size": spec.block_size}
@@ -199,7 +201,7 @@ class Recorder:
         self.mgr = scheduler.kv_cache_manager
         self.pool = self.mgr.block_pool
         self.writer = BackgroundWriter(writer)
-        # The step path only appends tuples here; each step's list goes to the writer thread.
+        # The step path only appends tuples here; full lists go to the writer thread.
         self._batch: list[tuple[Any, ...]] = []
         self._push = self._batch.append
         self.config = config or config_from_scheduler(scheduler)
@@ -285,9 +287,10 @@ class Recorder:
         self._push((_with_expect, op, expect, self._num_free()))
 
     def _hand_over(self) -> None:
-        """Send this step's ops to the writer thread and start a new list."""
+        """At a step boundary: send the ops queued so far to the writer thread once there are
+        ``HAND_OVER_OPS`` of them (fewer hand-offs, fewer thread wake-ups on the step path)."""
         batch = self._batch
-        if batch:
+        if len(batch) >= HAND_OVER_OPS:
             self._batch = []
             self._push = self._batch.append
             self.writer.submit(batch)

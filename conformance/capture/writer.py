@@ -107,12 +107,13 @@ class BackgroundWriter:
     """Builds, encodes and writes a recorder's ops off the scheduler's thread.
 
     The recorder appends one tuple per op to a plain list on the step path -- ``(build,
-    *args)`` with the values the op needs, nothing encoded -- and hands the list over once per
-    engine step (``submit``). A thread calls ``build(*args)`` (an op dict, or bytes already
-    encoded) in order and streams it through a :class:`TraceWriter`, so the output is the
-    same whatever the thread's timing; the thread runs at a lower OS priority (nice +10) so
-    that on a busy host the scheduler's thread gets the CPU first. Memory is bounded: at
-    most ``max_pending`` steps wait; past that ``submit`` blocks until the thread catches up.
+    *args)`` with the values the op needs, nothing encoded -- and hands the list over at a
+    step boundary once it holds a few hundred ops (``submit``). A thread calls
+    ``build(*args)`` (an op dict, or bytes already encoded) in order and streams it through a
+    :class:`TraceWriter`, so the output is the same whatever the thread's timing; the thread
+    runs at a lower OS priority (nice +10) so that on a busy host the scheduler's thread gets
+    the CPU first. Memory is bounded: at most ``max_pending`` batches wait; past that
+    ``submit`` blocks until the thread catches up.
     """
 
     def __init__(self, writer: TraceWriter, max_pending: int = 256) -> None:
