@@ -27,6 +27,10 @@ scheduler's ``_update_after_schedule`` and ``update_from_output``). So a recorde
 on any adapter and ``tailproof replay trace.json --against reference`` names the first op
 where the model disagrees with the engine.
 
+The handlers run on the scheduler's thread and only queue each op's values (a tuple per op);
+a writer thread builds, encodes and writes the ops in order (``writer.BackgroundWriter``), so
+the step path pays for no JSON, prefix sharing, run-length coding or redaction.
+
 Manager calls the format does not model (``cache_blocks`` of async scheduling,
 ``pop_blocks_for_free`` of deferred frees, ``get_computed_blocks_for_connector``...) are
 counted under ``provenance.unmodelled``: a trace that has any may not replay faithfully.
