@@ -30,10 +30,12 @@ class CaptureEngine:
     def __init__(self, *, groups: tuple[tuple[str, int], ...] = DEFAULT_GROUPS, h: int = 4,
                  num_blocks: int = 256, max_batched: int = 2048, max_num_seqs: int = 16,
                  long_prefill_token_threshold: int = 0, seed: int = 0,
-                 max_model_len: int = 4096) -> None:
+                 max_model_len: int = 4096,
+                 kv_transfer: dict[str, Any] | None = None) -> None:
         from vllm.config import (
             CacheConfig,
             DeviceConfig,
+            KVTransferConfig,
             ModelConfig,
             SchedulerConfig,
             VllmConfig,
@@ -64,7 +66,9 @@ class CaptureEngine:
             scheduler_reserve_full_isl=False)
         self.vllm_config = VllmConfig(model_config=model, cache_config=cache,
                                       device_config=DeviceConfig("cpu"),
-                                      scheduler_config=sched_cfg)
+                                      scheduler_config=sched_cfg,
+                                      kv_transfer_config=(KVTransferConfig(**kv_transfer)
+                                                          if kv_transfer else None))
         self.kv_cache_config = kv_cache_config(num_blocks, groups, h)
         self.sched = Scheduler(self.vllm_config, self.kv_cache_config,
                                StructuredOutputManager(self.vllm_config),

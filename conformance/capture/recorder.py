@@ -192,8 +192,30 @@ def provenance(scheduler: Any, redacted: bool) -> dict[str, Any]:
     ktc = scheduler.vllm_config.kv_transfer_config
     if ktc is not None:
         connector = ktc.kv_connector
-    return {"vllm": vllm.__version__, "recorder": RECORDER_VERSION,
-            "tailproof": tailproof_version, "connector": connector, "redacted": redacted}
+    doc: dict[str, Any] = {"vllm": vllm.__version__, "recorder": RECORDER_VERSION,
+                           "tailproof": tailproof_version, "connector": connector,
+                           "redacted": redacted}
+    if connector is not None:
+        from tailproof.conformance.capture.connector_config import (
+            ConnectorConfigError,
+            connector_config,
+        )
+
+        try:
+            doc["connector_config"] = connector_config(scheduler.vllm_config)
+        except ConnectorConfigError as e:
+            doc["connector_config"] = {"error": str(e)}
+    return doc
+
+
+def connector_note(scheduler: Any) -> str | None:
+    """What the trace leaves out when the engine runs a KV connector: its scheduler-side calls
+    and worker outcomes are not recorded, so the core ops' observations include pins and
+    loads no op of the trace explains (None without a connector)."""
+    ktc = scheduler.vllm_config.kv_transfer_config
+    if ktc is None or ktc.kv_connector is None:
+        return None
+    return f"KV connector calls and worker outcomes ({ktc.kv_connector}): not recorded"
 
 
 class Recorder:
@@ -232,6 +254,9 @@ class Recorder:
             # and its adapters retain densely (KVCacheConfig's default, None).
             self._unmodelled(f"sparse Mamba retention (prefix_cache_retention_interval="
                              f"{retention})")
+        note = connector_note(scheduler)
+        if note is not None:
+            self._unmodelled(note)
 
     # -- installation -------------------------------------------------------------------
     @classmethod
