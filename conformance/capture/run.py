@@ -31,8 +31,9 @@ def check_arguments(workload: str, connector: str, geometry: str | None) -> None
         raise CaptureError(f"--workload: unknown workload {workload!r} "
                            f"(known: {', '.join(WORKLOADS)})")
     if connector not in CONNECTORS:
-        raise CaptureError(f"--connector: {connector!r} is not supported "
-                           f"(supported: {', '.join(CONNECTORS)})")
+        raise CaptureError(f"--connector: {connector!r} is not supported (supported: "
+                           f"{', '.join(CONNECTORS)}; connector calls and worker outcomes are "
+                           "not recorded yet)")
     if geometry is not None and geometry not in GEOMETRIES:
         raise CaptureError(f"--geometry: unknown geometry {geometry!r} "
                            f"(known: {', '.join(GEOMETRIES)})")
