@@ -254,7 +254,7 @@ class Recorder:
             # and its adapters retain densely (KVCacheConfig's default, None).
             self._unmodelled(f"sparse Mamba retention (prefix_cache_retention_interval="
                              f"{retention})")
-        note = connector_note(scheduler)
+        note = None if self.config.get("connector") else connector_note(scheduler)
         if note is not None:
             self._unmodelled(note)
 
@@ -262,9 +262,18 @@ class Recorder:
     @classmethod
     def attach(cls, scheduler: Any, path: str | Path, *, redact: bool = False,
                compact: bool = True, max_bytes: int | None = None, name: str | None = None,
-               description: str = "") -> Recorder:
-        """Start recording ``scheduler`` into ``path`` (a trace file, streamed)."""
+               description: str = "", workers: list[Any] | None = None) -> Recorder:
+        """Start recording ``scheduler`` into ``path`` (a trace file, streamed). ``workers``:
+        the engine's worker connectors, in rank order, when they run in this process; the
+        connector's calls and their store runs are then recorded as connector ops."""
         config = config_from_scheduler(scheduler)
+        if workers is not None:
+            from tailproof.conformance.capture.connector_config import connector_config
+
+            conn = connector_config(scheduler.vllm_config)
+            if conn is None:
+                raise RecorderUnsupported("workers: the engine has no KV connector")
+            config["connector"] = {**conn, "num_workers": len(workers)}
         header = {
             "format": FORMAT_TAG,
             "name": name or Path(path).stem,
@@ -274,6 +283,10 @@ class Recorder:
         }
         rec = cls(scheduler, TraceWriter(path, header, max_bytes), redact=redact,
                   compact=compact, config=config)
+        if workers is not None:
+            from tailproof.conformance.capture import connector_recorder
+
+            connector_recorder.install(rec, workers)
         rec.install()
         return rec
 
