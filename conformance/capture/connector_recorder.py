@@ -4,19 +4,61 @@ Wraps the scheduler's connector (``get_num_new_matched_tokens`` -> ``sched_looku
 ``build_connector_meta`` -> ``conn_step``, ``update_connector_output`` -> ``worker_report``)
 and each worker connector's ``wait_for_save`` (-> ``worker_run``); the scheduler's
 ``finalize_partial_tail_offloads`` (``Scheduler._connector_finished``) becomes ``conn_finish``.
-Connector ops expect ``free`` only: their effect (pins, loads) is checked through it and
-through every later core observation. Worker ranks must live in the recording process (the
+Connector ops expect ``free`` (and ``sched_lookup`` what the connector answered: ``ext``,
+``async``); their other effects (pins, loads) are checked through ``free`` and every later
+core observation. Worker ranks must live in the recording process (the
 capture harness), so a multi-process ``vllm serve`` records the core only.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Sequence
 from typing import Any
 
+# A refused put batch as the worker sees it, and its ``worker_run.store`` script entry.
+REFUSALS = {"full": ("full", -200), "error": ("error", -1), "timeout": ("raise", 0)}
 
-def install(rec: Any, workers: list[Any]) -> None:
-    """Record ``rec.scheduler``'s connector calls and ``workers``' (rank order) store runs."""
+
+class RefusingStore:
+    """One worker's store with scripted refusals: ``plan()`` answers ``ok``, ``full``
+    (``MOONCAKE_NO_AVAILABLE_HANDLE``), ``error`` or ``timeout`` for each put batch; a refused
+    batch fails every key without reaching the store (fail closed: a miss, never wrong bytes).
+    ``entries`` holds the script entries of the batches since the last ``take``."""
+
+    def __init__(self, inner: Any, plan: Callable[[], str]) -> None:
+        self.inner = inner
+        self.plan = plan
+        self.entries: list[str] = []
+
+    def put_batch(self, keys: Sequence[str], buffers: Sequence[Any]) -> list[Any]:
+        from tailproof.impl.stores import Outcome
+
+        what = self.plan()
+        if what == "ok":
+            self.entries.append("ok")
+            return self.inner.put_batch(keys, buffers)
+        entry, code = REFUSALS[what]
+        self.entries.append(entry)
+        make = {"full": Outcome.full, "error": Outcome.error, "timeout": Outcome.timeout}[what]
+        return [make(code)] * len(keys)
+
+    def take(self) -> list[str]:
+        """The script of the batches run since the last call (trailing ``ok``s dropped: an
+        exhausted script means ``ok``)."""
+        out, self.entries = self.entries, []
+        while out and out[-1] == "ok":
+            out.pop()
+        return out
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def install(rec: Any, workers: list[Any],
+            store_plan: Callable[[int], Callable[[], str]] | None = None) -> None:
+    """Record ``rec.scheduler``'s connector calls and ``workers``' (rank order) store runs;
+    ``store_plan(rank)`` scripts that rank's put outcomes (``RefusingStore``)."""
     sched = rec.scheduler
     conn = sched.connector
     absorb = [False]  # the scheduler's truncate after a connector lookup is part of it
@@ -37,7 +79,7 @@ def install(rec: Any, workers: list[Any]) -> None:
         rec._sync(request)
         out = orig(request, num_computed_tokens)
         rec._emit({"op": "sched_lookup", "rid": request.request_id,
-                   "local": num_computed_tokens}, {})
+                   "local": num_computed_tokens}, {"ext": out[0], "async": bool(out[1])})
         absorb[0] = True
         return out
 
@@ -60,9 +102,19 @@ def install(rec: Any, workers: list[Any]) -> None:
                 if req.request_id in rec.shadows:
                     rec._sync(req)
         out = orig()
-        rec._emit({"op": "worker_run", "worker": rank}, {})
+        op: dict[str, Any] = {"op": "worker_run", "worker": rank}
+        script = stores[rank].take() if stores else []
+        if script:
+            op["store"] = script
+        rec._emit(op, {})
         return out
 
+    stores: list[RefusingStore] = []
+    if store_plan is not None:
+        for rank, wc in enumerate(workers):
+            side = wc.worker_side
+            side.store = RefusingStore(side.store, store_plan(rank))
+            stores.append(side.store)
     wrap(conn, "get_num_new_matched_tokens", sched_lookup)
     wrap(conn, "build_connector_meta", conn_step)
     wrap(conn, "update_connector_output", worker_report)

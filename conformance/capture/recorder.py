@@ -262,7 +262,8 @@ class Recorder:
     @classmethod
     def attach(cls, scheduler: Any, path: str | Path, *, redact: bool = False,
                compact: bool = True, max_bytes: int | None = None, name: str | None = None,
-               description: str = "", workers: list[Any] | None = None) -> Recorder:
+               description: str = "", workers: list[Any] | None = None,
+               store_plan: Any = None) -> Recorder:
         """Start recording ``scheduler`` into ``path`` (a trace file, streamed). ``workers``:
         the engine's worker connectors, in rank order, when they run in this process; the
         connector's calls and their store runs are then recorded as connector ops."""
@@ -286,7 +287,7 @@ class Recorder:
         if workers is not None:
             from tailproof.conformance.capture import connector_recorder
 
-            connector_recorder.install(rec, workers)
+            connector_recorder.install(rec, workers, store_plan)
         rec.install()
         return rec
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import random
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -23,13 +24,19 @@ from tailproof.conformance.cli import main  # noqa: E402
 pytestmark = pytest.mark.vllm
 
 
-def _record(path: Path, num_workers: int) -> Recorder:
+def _record(path: Path, num_workers: int, refusals: bool = False) -> Recorder:
     e = Engine(num_blocks=128, num_workers=num_workers)
     # Not modelled by the trace format (docs/triage.md): the admission gate and deferred
     # frees (engine_sim's config has several batches in flight).
     e.sched.scheduler_reserve_full_isl = False
     e.sched.defer_block_free = False
-    rec = Recorder.attach(e.sched, path, workers=[wc for wc, _ in e.workers])
+    plan = None
+    if refusals:
+        def plan(rank: int) -> Callable[[], str]:
+            r = random.Random(rank)
+            return lambda: r.choice(["ok"] * 9 + ["full", "error", "timeout"])
+    rec = Recorder.attach(e.sched, path, workers=[wc for wc, _ in e.workers],
+                          store_plan=plan)
     rng = random.Random(0)
     system = [rng.randrange(3, 900) for _ in range(70)]
     try:
@@ -39,17 +46,21 @@ def _record(path: Path, num_workers: int) -> Recorder:
                       system + [rng.randrange(3, 900) for _ in range(10 + 7 * turn)],
                       max_tokens=5)
             e.run(200)
+            if turn == 2:  # later turns read the store
+                assert e.sched.reset_prefix_cache()
+        assert not [x for log in e.log for x in log.byte_errors]
     finally:
         rec.close()
         e.shutdown()
     return rec
 
 
-@pytest.mark.parametrize("num_workers", [1, 2])
+@pytest.mark.parametrize(("num_workers", "refusals"), [(1, False), (2, False), (2, True)])
 def test_connector_trace_replays_on_every_connector_adapter(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str], num_workers: int) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], num_workers: int,
+        refusals: bool) -> None:
     out = tmp_path / "conn.json"
-    rec = _record(out, num_workers)
+    rec = _record(out, num_workers, refusals)
     assert not any("KV connector" in k for k in rec.unmodelled)
     doc = json.loads(out.read_text())
     assert doc["config"]["connector"]["num_workers"] == num_workers
@@ -57,6 +68,12 @@ def test_connector_trace_replays_on_every_connector_adapter(
     for kind in ("sched_lookup", "conn_step", "conn_finish", "worker_run", "worker_report"):
         assert kind in kinds
     assert kinds.count("worker_run") == num_workers * kinds.count("conn_step")
+    # After the reset the store serves hits: loads ran (byte-checked by the engine and impl).
+    assert any(op["op"] == "sched_lookup" and op["expect"]["ext"] for op in doc["ops"])
+    scripts = [e for op in doc["ops"] if op["op"] == "worker_run" for e in op.get("store", [])]
+    assert bool(scripts) == refusals
+    if refusals:
+        assert {"full", "error", "raise"} <= set(scripts)
     capsys.readouterr()
     assert main(["replay", str(out), "--against", "reference,vllm-mooncake,impl",
                  "--strict-ids", "--json"]) == 0
