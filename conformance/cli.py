@@ -435,9 +435,9 @@ def register_capture(sub: Any) -> None:
                      help="the trace to write")
     cap.add_argument("--seed", type=int, default=0, help="seed of the workload's choices")
     cap.add_argument("--connector", default="none", choices=["none"],
-                     help="KV connector the scheduler runs with: none only (connector "
-                          "calls and worker outcomes are not recorded yet, so tailproof and "
-                          "mooncake are refused; see docs/triage.md)")
+                     help="KV connector the scheduler runs with: none only (the capture "
+                          "workloads do not run connector workers yet; connector recording "
+                          "with in-process workers: docs/triage.md)")
     cap.add_argument("--geometry", default=None, metavar="G",
                      help=f"block geometry, one of: {', '.join(GEOMETRIES)} "
                           "(unset: fa16-m16-h4)")

@@ -32,8 +32,8 @@ def check_arguments(workload: str, connector: str, geometry: str | None) -> None
                            f"(known: {', '.join(WORKLOADS)})")
     if connector not in CONNECTORS:
         raise CaptureError(f"--connector: {connector!r} is not supported (supported: "
-                           f"{', '.join(CONNECTORS)}; connector calls and worker outcomes are "
-                           "not recorded yet)")
+                           f"{', '.join(CONNECTORS)}; the capture workloads do not run "
+                           "connector workers yet)")
     if geometry is not None and geometry not in GEOMETRIES:
         raise CaptureError(f"--geometry: unknown geometry {geometry!r} "
                            f"(known: {', '.join(GEOMETRIES)})")
