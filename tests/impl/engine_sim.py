@@ -7,7 +7,13 @@ is played by hand is the GPU worker's side of each step, in the order of vLLM's
 ``KVConnectorModelRunnerMixin``: apply the step's CoW copies, bind the metadata, "forward"
 (``SimRunner`` writes prefix-derived bytes), ``start_load_kv``, ``wait_for_save``, transfer
 results, load errors, stats, worker metadata; outputs of all workers are combined with vLLM's
-``KVOutputAggregator``. Every load is checked byte for byte right after it ran.
+``KVOutputAggregator``. Every load is checked byte for byte when its worker reports it finished
+(and a synchronous one right after ``start_load_kv``).
+
+Loads and store jobs run on the connector's background threads. ``settle=True`` (the default)
+waits for them at the end of each worker step, so a test sees the same steps every run;
+``settle=False`` lets them run free (the stress tests), and :meth:`Engine.run` then only waits
+when a step had nothing to schedule.
 """
 
 from __future__ import annotations
@@ -104,7 +110,7 @@ class Engine:
     def __init__(self, extra: dict[str, Any] | None = None, *, num_blocks: int = 64,
                  groups: tuple[tuple[str, int], ...] = GROUPS, h: int = 4,
                  num_workers: int = 1, kv_role: str = "kv_both", max_batched: int = 2048,
-                 failure_policy: str = "recompute"):
+                 failure_policy: str = "recompute", settle: bool = True):
         from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
         from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
         from vllm.utils.hashing import sha256
@@ -117,6 +123,7 @@ class Engine:
         from tailproof.spec.arithmetic import lcm_all
 
         init_none_hash(sha256)
+        self.settle = settle
         self.h = h
         self.groups = groups
         self.vc = vllm_config(extra or {"store": "memory"}, kv_role, h, min(b for _, b in groups),
@@ -140,6 +147,7 @@ class Engine:
             wc.register_kv_caches(runner.kv)
             self.workers.append((wc, runner))
         self.agg = KVOutputAggregator(num_workers)
+        self.loading: list[dict[str, Any]] = [{} for _ in range(num_workers)]  # rid -> LoadJob
         self.log: list[StepLog] = []
         self._n = 0
 
@@ -173,7 +181,9 @@ class Engine:
                       [(c.src_block_id, c.dst_block_id) for c in so.kv_cache_block_copies or ()])
         reqs = self.sched.requests
         outs = []
-        for wc, runner in self.workers:
+        for w, (wc, runner) in enumerate(self.workers):
+            assert not set(so.num_scheduled_tokens) & set(self.loading[w]), (
+                "a request was scheduled before its load finished")
             runner.copy_blocks(log.copies)
             wc.bind_connector_metadata(meta)
             for rid, n in so.num_scheduled_tokens.items():
@@ -183,17 +193,21 @@ class Engine:
                 runner.forward(rid, req.all_token_ids, end - n, end, tables)
             wc.start_load_kv(None)
             ws = wc.worker_side
-            for job in meta.loads:  # byte check of every load this worker completed
-                failed_sync = not job.is_async and any(
-                    b in ws.load_error_blocks for g in job.block_ids for b in g)
-                if job.req_id in ws.failed_recving or failed_sync:
-                    continue  # failed closed: nothing was written, vLLM recomputes
-                req = reqs[job.req_id]
-                start = job.vllm_cached_tokens // self.sched.block_size * self.sched.block_size
-                log.byte_errors += runner.check(job.req_id, req.all_token_ids, start,
-                                                job.kvpool_cached_tokens, job.block_ids)
+            for job in meta.loads:
+                if job.is_async:
+                    self.loading[w][job.req_id] = job
+                    continue
+                failed_sync = any(b in ws.load_error_blocks for g in job.block_ids for b in g)
+                if not failed_sync:  # a sync load fed this step's forward: check it now
+                    self._check_load(runner, job, log)
             wc.wait_for_save()
+            if self.settle:
+                assert ws.wait_idle(60.0), "background store jobs did not finish"
             res = wc.get_transfer_results(so.finished_req_ids)
+            for rid in res.finished_recving or ():
+                job = self.loading[w].pop(rid)
+                if rid not in (res.failed_recving or ()):  # failed closed: nothing to check
+                    self._check_load(runner, job, log)
             kvo = KVConnectorOutput(
                 finished_sending=res.finished_sending, finished_recving=res.finished_recving,
                 failed_recving=res.failed_recving,
@@ -217,6 +231,13 @@ class Engine:
         self.log.append(log)
         return log
 
+    def _check_load(self, runner: Any, job: Any, log: StepLog) -> None:
+        """The loaded blocks hold exactly the KV of the request's prefix."""
+        req = self.sched.requests[job.req_id]
+        start = job.vllm_cached_tokens // self.sched.block_size * self.sched.block_size
+        log.byte_errors += runner.check(job.req_id, req.all_token_ids, start,
+                                        job.kvpool_cached_tokens, job.block_ids)
+
     def run(self, max_steps: int = 50) -> list[StepLog]:
         """Step until no request is left and every store job reported (pins released)."""
         logs = []
@@ -224,7 +245,13 @@ class Engine:
             if not self.sched.has_requests() and not self.conn.has_pending_push_work():
                 break
             logs.append(self.step())
+            if not logs[-1].scheduled:
+                self.wait_workers(0.05)  # nothing to compute: let background jobs progress
         return logs
+
+    def wait_workers(self, timeout: float | None = None) -> bool:
+        """Wait until every worker's loads and store jobs finished."""
+        return all(wc.worker_side.wait_idle(timeout) for wc, _ in self.workers)
 
     # ------------------------------------------------------------------ inspection
 
