@@ -62,19 +62,15 @@ class PressureGate:
     """Mooncake's store-pressure state machine (invariant: skip set non-empty => active)."""
 
     def __init__(self) -> None:
-        self.active = False
-        self.skip: set[str] = set()
+        self.store_pressure_active = False
+        self.skip_store_requests: set[str] = set()
 
     def should_skip(self, req_id: str) -> bool:
-        return self.active and req_id in self.skip
-
-    def mark(self, req_id: str) -> None:
-        self.active = True
-        self.skip.add(req_id)
+        return self.store_pressure_active and req_id in self.skip_store_requests
 
     def clear(self) -> None:
-        self.active = False
-        self.skip.clear()
+        self.store_pressure_active = False
+        self.skip_store_requests.clear()
 
 
 class WorkerSide:
