@@ -16,12 +16,16 @@ bounded and with a deterministic drive for tests:
   does.
 
 Copies done on these threads release the GIL (numpy ``copyto``, torch CUDA copies, the store's
-native calls), so a 2-core machine keeps one core for the engine step.
+native calls), so a 2-core machine keeps one core for the engine step, and the threads run at a
+lower CPU priority (``nice``, per thread on Linux; the worker lowers its senders, not its
+receivers, which a waiting request depends on): when every core is busy the step's thread
+wins, the data plane only delays its own work (which the bounded queues absorb).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import zlib
@@ -58,7 +62,8 @@ class Lanes(Generic[J]):
     """
 
     def __init__(self, name: str, run: Callable[[J], None], abandon: Callable[[J], None], *,
-                 threads: int = 1, max_queued: int = 64, manual: bool = False) -> None:
+                 threads: int = 1, max_queued: int = 64, manual: bool = False,
+                 nice: int = 10) -> None:
         if threads < 1:
             raise ValueError(f"{name}: threads must be >= 1, got {threads}")
         if max_queued < 1:
@@ -67,6 +72,7 @@ class Lanes(Generic[J]):
         self._run = run
         self._abandon = abandon
         self.max_queued = max_queued
+        self.nice = nice
         self._cond = threading.Condition()
         self._lanes: list[_Lane[J]] = [_Lane() for _ in range(threads)]
         self._pending = 0  # queued + running, all lanes
@@ -110,6 +116,13 @@ class Lanes(Generic[J]):
     # ------------------------------------------------------------------ threads
 
     def _loop(self, lane: _Lane[J]) -> None:
+        if self.nice and hasattr(os, "setpriority"):
+            try:  # Linux: a thread id is a valid PRIO_PROCESS target; lowering needs no rights
+                tid = threading.get_native_id()
+                os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid)
+                               + self.nice)
+            except OSError:
+                logger.warning("%s: could not lower the thread's priority", self.name)
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: self._closing or (

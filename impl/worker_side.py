@@ -132,9 +132,11 @@ class WorkerSide:
         self.senders = Lanes(f"tailproof-send-r{self.rank}", self._run_store_job,
                              self._abandon_store_job, threads=s.send_threads,
                              max_queued=s.max_queued_jobs, manual=self.manual)
+        # Saves are throughput work (bounded queue, pins only delay block reuse): they yield
+        # the CPU to the step. A load has a request waiting on it: normal priority.
         self.receivers = Lanes(f"tailproof-recv-r{self.rank}", self._run_load,
                                self._abandon_load, threads=s.recv_threads,
-                               max_queued=s.max_queued_jobs, manual=self.manual)
+                               max_queued=s.max_queued_jobs, manual=self.manual, nice=0)
 
     def close(self, timeout: float = 30.0) -> None:
         """Finish every queued job (or report it failed after ``timeout``), stop the threads,

@@ -3,6 +3,7 @@ and the worker's promise that the step never waits for the store."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -316,3 +317,42 @@ def test_sender_copies_release_the_gil() -> None:
         ticks += 1
     t.join()
     assert ticks > 1000  # with the GIL held for each copy this loop would barely advance
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_save_is_ordered_by_the_step_event_not_a_host_wait() -> None:
+    """GPU: the CoW copy that fills the block a job reads is still queued behind a long kernel
+    when ``wait_for_save`` runs. The step returns at once (no host wait); the sender's
+    device-to-host copy waits for the step's event, so the stored value is the copied state."""
+    from test_worker_side import HASHES, TOKENS, load_b, save
+
+    store = MemoryStore(1 << 26)
+    w, runner = _worker(store, device="cuda")
+    runner.forward("A", TOKENS, 0, 44, TABLES)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(1_000_000_000)  # ~0.5 s of GPU time ahead of the CoW copy
+    runner.copy_blocks([(6, 12)])  # device-side: lands in block 12 only after the sleep
+    t = time.perf_counter()
+    w.wait_for_save(TailproofMeta(stores=[save(
+        0, "A", 32, TABLES, HASHES, [BoundaryPut(0, 3, 44), BoundaryPut(1, 12, 44)])]))
+    assert time.perf_counter() - t < 0.05
+    assert w.wait_idle(30)
+    w2, r2 = _worker(store, device="cuda")
+    ctab = ([7, 8, 9], [0, 0, 10])
+    w2.start_load(TailproofMeta(loads=[load_b(ctab)]))
+    assert w2.wait_idle(30) and w2.take_transfer_results() == ({"B"}, set())
+    assert r2.check("B", TOKENS, 0, 44, ctab) == []
+    for x in (w, w2):
+        x.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "getpriority"), reason="needs per-thread priorities (Linux)")
+def test_lane_threads_run_below_the_step_priority() -> None:
+    prios: list[int] = []
+    lanes: Lanes[int] = Lanes(
+        "t", lambda j: prios.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id())),
+        lambda j: None)
+    lanes.submit("k", 1)
+    assert lanes.wait_idle(10)
+    assert prios == [min(19, os.getpriority(os.PRIO_PROCESS, 0) + 10)]
+    lanes.close()
