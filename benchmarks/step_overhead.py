@@ -88,6 +88,9 @@ class LinkStore(Store):
         time.sleep(sum(sizes) / self.rate)
         return self.inner.read_batch(keys, sizes, consume, staging)
 
+    def remove(self, keys: Sequence[str]) -> int:
+        return self.inner.remove(keys)
+
     def remove_all(self) -> int:
         return self.inner.remove_all()
 

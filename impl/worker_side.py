@@ -4,7 +4,11 @@ Semantics: ``tailproof.reference.connector.worker`` (store jobs; loads have no r
 their bytes are checked by the ``impl`` adapter). Mirrors vLLM 0.33's ``MooncakeStoreWorker``
 (``KVCacheStoreSendingThread._handle_request``, ``KVCacheStoreRecvingThread._handle_request``,
 ``_close_ended_store_requests``), and so does the threading (its ``start_load_kv`` /
-``wait_for_save`` only enqueue); the threads, queues and staging pool are ``data_plane``'s:
+``wait_for_save`` only enqueue); the threads, queues and staging pool are ``data_plane``'s.
+Written independently of ``tailproof.reference.connector.worker`` on purpose (not shared):
+the corpus compares the two op by op, and both with vLLM's own code on ``vllm-mooncake``;
+a shared body would compare a function with itself. Pure arithmetic is shared instead
+(``spec.arithmetic``). Per step:
 
 * loads (``start_load_kv``): an asynchronous load (the default) is queued for a receiver
   thread and the request waits (``WAITING_FOR_REMOTE_KVS``) until ``get_finished`` reports it.
@@ -30,7 +34,12 @@ their bytes are checked by the ``impl`` adapter). Mirrors vLLM 0.33's ``Mooncake
   job, as after a pressure skip), a load that cannot be queued fails closed;
 * pressure gate: a put answered STORE_FULL marks the store under pressure and the request
   skipped; later jobs of skipped requests put nothing until any fully successful put batch
-  clears the gate (Mooncake's ``_store_pressure_active`` / ``_skip_store_requests``).
+  clears the gate (Mooncake's ``_store_pressure_active`` / ``_skip_store_requests``);
+* values (``value_format``): every put writes a header (fingerprint, key, length, checksum,
+  optional MAC) in front of the block's bytes, in the same buffer the block was copied into;
+  every get verifies it before the first block is written. A value that fails is a failed
+  load, counted by kind (``verify_fail_<kind>``) and removed from the store, so the next save
+  rewrites it.
 """
 
 from __future__ import annotations
@@ -47,15 +56,17 @@ import torch
 
 from tailproof.impl.config import Settings, StoreGeometry
 from tailproof.impl.data_plane import Lanes, StagingPool
+from tailproof.impl.fingerprint import Fingerprint, geometry_fingerprint
+from tailproof.impl.keys import INITIAL_EPOCH, KeySpace
 from tailproof.impl.kv_layout import KVLayout
-from tailproof.impl.meta import LoadJob, StoreJob, TailproofMeta, TailproofWorkerMeta, store_key
+from tailproof.impl.meta import LoadJob, StoreJob, TailproofMeta, TailproofWorkerMeta
 from tailproof.impl.metrics import WorkerMetrics
 from tailproof.impl.stores import Status, Store
-from tailproof.spec.arithmetic import cdiv
+from tailproof.impl.value_format import HEADER_BYTES, ValueCodec, slot_nbytes
+from tailproof.spec.arithmetic import NULL_BLOCK_ID, cdiv
 
 logger = logging.getLogger(__name__)
 
-NULL_BLOCK_ID = 0
 
 
 class PressureGate:
@@ -84,8 +95,13 @@ class WorkerSide:
 
     def __init__(
         self, settings: Settings, geo: StoreGeometry, store: Store, rank: int, world: int,
-        coord: Any = None, metrics: WorkerMetrics | None = None, *, manual: bool = False,
+        coord: Any = None, metrics: WorkerMetrics | None = None,
+        fingerprint: Fingerprint | None = None, secret: bytes | None = None, tp_size: int = 1,
+        *, manual: bool = False,
     ):
+        fp = fingerprint or geometry_fingerprint(geo)
+        self.keys = KeySpace(settings.namespace, fp.digest, tp_size)
+        self.codec = ValueCodec(fp.raw, secret)
         self.settings = settings
         self.geo = geo
         self.store = store
@@ -120,7 +136,7 @@ class WorkerSide:
     ) -> None:
         """Index the KV tensors per store group, allocate the staging pool, start threads."""
         self.layout = KVLayout(kv_caches, layer_groups, self.geo.num_blocks)
-        need = max([0, *self.layout.block_nbytes])
+        need = max([0, *map(slot_nbytes, self.layout.block_nbytes)])
         size = max(self.settings.staging_buffer_bytes, need)
         cuda = self.layout.device.type == "cuda"
         s = self.settings
@@ -156,8 +172,13 @@ class WorkerSide:
                 ok = lanes.wait_idle(timeout) and ok
         return ok
 
-    def key(self, group: int, block_hash: bytes) -> str:
-        return store_key(self.settings.namespace, self.rank, self.world, group, block_hash)
+    def key(self, group: int, block_hash: bytes, epoch: str = INITIAL_EPOCH) -> str:
+        return self.keys.key(self.rank, group, block_hash, epoch)
+
+    def _slot(self, group: int) -> int:
+        """Bytes of one stored value of ``group``: header + the block's bytes."""
+        assert self.layout is not None
+        return slot_nbytes(self.layout.block_nbytes[group])
 
     @property
     def queue(self) -> list[StoreJob]:
@@ -255,32 +276,54 @@ class WorkerSide:
         if not plan:
             return True
         return self._get_values([(g, b) for g, b, _ in plan],
-                                [self.key(g, hh) for g, _, hh in plan])
+                                [self.key(g, hh, job.epoch) for g, _, hh in plan])
 
     def _get_values(self, blocks: list[tuple[int, int]], keys: list[str]) -> bool:
-        """Store values -> KV blocks, all or nothing (the get boundary: a value format would
-        verify every value here before the first block is written)."""
+        """Store values -> KV blocks, all or nothing: every value's header is verified
+        (``ValueCodec.verify``) before the first block is written, then each payload is
+        copied once into its block. Bytes passes on CPU: the checksum reads the value, the
+        copy reads it again (the memory store hands out its own arrays; other stores first
+        transfer into staging)."""
         assert self.layout is not None and self.pool is not None
-        layout = self.layout
-        sizes = [layout.block_nbytes[g] for g, _ in blocks]
+        layout, codec = self.layout, self.codec
+        sizes = [self._slot(g) for g, _ in blocks]
         cuda = self.copy_stream is not None
+        bad: list[tuple[str, str]] = []  # (key, failure kind)
 
         def consume(values: list[np.ndarray]) -> None:
+            for key, v in zip(keys, values, strict=True):
+                kind = codec.verify(key, v)
+                if kind is not None:
+                    bad.append((key, kind))
+            if bad:
+                return  # fail closed: not one block is written
             if not cuda:
                 for (g, b), v in zip(blocks, values, strict=True):
-                    layout.write_block(g, b, v)
+                    layout.write_block(g, b, v[HEADER_BYTES:])
                 return
             with warnings.catch_warnings():  # the memory store hands out read-only arrays
                 warnings.simplefilter("ignore", UserWarning)
                 with torch.cuda.stream(self.copy_stream):
                     for (g, b), v in zip(blocks, values, strict=True):
-                        layout.write_block(g, b, torch.from_numpy(v))
+                        layout.write_block(g, b, torch.from_numpy(v[HEADER_BYTES:]))
             self.copy_stream.synchronize()  # values are only valid inside consume
 
         with self.pool.take(sum(sizes)) as buf:
             outs = self.store.read_batch(keys, sizes, consume, staging=buf.numpy())
         self.metrics.record_batch("get", outs, sum(o.nbytes for o in outs if o.ok))
+        if bad:
+            self._reject(bad)
+            return False
         return bool(outs) and all(o.ok for o in outs)
+
+    def _reject(self, bad: list[tuple[str, str]]) -> None:
+        """Count and remove values that failed verification (the next save rewrites them, so
+        one bad value cannot fail its prefix forever)."""
+        for _, kind in bad:
+            self.metrics.c.inc(f"verify_fail_{kind}")
+        logger.warning("rejected %d stored value(s) failing verification, e.g. %s",
+                       len(bad), bad[0][0])
+        self.metrics.c.inc("verify_removed", self.store.remove([k for k, _ in bad]))
 
     # ------------------------------------------------------------------ saves
 
@@ -433,12 +476,12 @@ class WorkerSide:
         assert self.layout is not None and self.pool is not None
         if not items:
             return "none"
-        keys = [self.key(g, hh) for g, _, hh in items]
+        keys = [self.key(g, hh, job.epoch) for g, _, hh in items]
         present = self.store.exists(keys)
         todo = [(it, k) for it, k, p in zip(items, keys, present, strict=True) if not p]
         if not todo:
             return "none"
-        sizes = [self.layout.block_nbytes[g] for (g, _, _), _ in todo]
+        sizes = [self._slot(g) for (g, _, _), _ in todo]
         cap = self.pool.nbytes
         i = 0
         while i < len(todo):
@@ -462,16 +505,19 @@ class WorkerSide:
 
     def _put_values(self, job: StoreJob, blocks: list[tuple[int, int]], keys: list[str],
                     sizes: list[int]) -> list[Any]:
-        """KV blocks -> store values, one batch (the put boundary: a value format would
-        encode each value here). CPU: each block is copied once, straight into the value's
-        destination (``Store.write_batch``). GPU: device-to-host copies into pinned staging on
-        the copy stream, after the job's step event; this thread waits, the step does not."""
+        """KV blocks -> sealed store values, one batch. ``sizes`` are slot sizes (header +
+        block). CPU: each block is copied once, straight into its value's payload
+        (``Store.write_batch``: the memory store's own array, else registered staging), then
+        ``ValueCodec.seal`` hashes the payload into the header -- two passes. GPU:
+        device-to-host copies into pinned staging on the copy stream, after the job's step
+        event (this thread waits, the step does not), then the same seal."""
         assert self.layout is not None and self.pool is not None
-        layout = self.layout
+        layout, codec = self.layout, self.codec
         with self.pool.take(sum(sizes)) as buf:
             if self.copy_stream is None:
                 def produce(i: int, out: np.ndarray) -> None:
-                    layout.read_block(blocks[i][0], blocks[i][1], out)
+                    layout.read_block(blocks[i][0], blocks[i][1], out[HEADER_BYTES:])
+                    codec.seal(keys[i], out)
 
                 return self.store.write_batch(keys, sizes, produce, staging=buf.numpy())
             with self._lock:
@@ -482,10 +528,12 @@ class WorkerSide:
                     self.copy_stream.wait_event(event)
                 for (g, b), n in zip(blocks, sizes, strict=True):
                     view = buf[off : off + n]
-                    layout.read_block(g, b, view)
+                    layout.read_block(g, b, view[HEADER_BYTES:])
                     views.append(view)
                     off += n
             self.copy_stream.synchronize()
+            for key, view in zip(keys, views, strict=True):
+                codec.seal(key, view)
             return self.store.put_batch(keys, views)
 
     # ------------------------------------------------------------------ reports

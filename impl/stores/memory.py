@@ -264,6 +264,18 @@ class MemoryStore(Store):
                 else:
                     del self._leases[id(val)]
 
+    def remove(self, keys: Sequence[str]) -> int:
+        with self._lock:
+            if self._closed:
+                return 0
+            n = 0
+            for k in keys:
+                arr = self._data.pop(k, None)
+                if arr is not None:
+                    self._release(arr)
+                    n += 1
+            return n
+
     def remove_all(self) -> int:
         with self._lock:
             n = len(self._data)

@@ -107,6 +107,9 @@ class DelayStore(Store):
                     for k in keys]
         return self.inner.read_batch(keys, sizes, consume)
 
+    def remove(self, keys: Sequence[str]) -> int:
+        return self.inner.remove(keys)
+
     def remove_all(self) -> int:
         return self.inner.remove_all()
 
@@ -164,9 +167,13 @@ class Invariants:
     def check_value(self, key: str, value: np.ndarray) -> None:
         import torch
 
-        _, rank, group, hexhash = key.split("@")
-        r = int(rank[1:].split("of")[0])
-        g = int(group[1:])
+        from tailproof.impl.keys import parse_key
+        from tailproof.impl.value_format import HEADER_BYTES
+
+        parsed = parse_key(key)
+        tp_size = self.e.workers[0][0].worker_side.keys.tp_size
+        r = parsed.pp_rank * tp_size + parsed.tp_rank  # KeySpace.key's rank split, inverted
+        g, hexhash = parsed.group, parsed.block_hash.hex()
         if hexhash not in self._hashes:  # a block hashed this very step (another thread)
             for req in list(self.e.sched.requests.values()):
                 self.learn(req)
@@ -175,8 +182,8 @@ class Invariants:
             return
         tokens, boundary, rid = self._hashes[hexhash]
         runner = self.e.workers[r][1]
-        bad = runner.check_block_bytes(g, torch.from_numpy(value.copy()), tokens, boundary,
-                                       rid)
+        bad = runner.check_block_bytes(g, torch.from_numpy(value[HEADER_BYTES:].copy()), tokens,
+                                       boundary, rid)
         self.errors += [f"put {key}: {b}" for b in bad]
 
     def after_step(self, pinned_before: set[int]) -> None:

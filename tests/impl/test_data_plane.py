@@ -176,6 +176,9 @@ def test_default_write_and_read_batch_go_through_staging() -> None:
         def get_batch(self, keys: Sequence[str], buffers: Sequence[Any]) -> list[Outcome]:
             return self.m.get_batch(keys, buffers)
 
+        def remove(self, keys: Sequence[str]) -> int:
+            return self.m.remove(keys)
+
         def remove_all(self) -> int:
             return self.m.remove_all()
 
