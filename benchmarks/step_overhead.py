@@ -152,7 +152,7 @@ class BenchEngine:
     """vLLM's Scheduler + (optionally) one Tailproof worker connector over shared KV."""
 
     def __init__(self, kv: dict[str, Any], num_blocks: int, extra: dict[str, Any] | None,
-                 matmuls: int) -> None:
+                 matmuls: int, peer_store: Any = None) -> None:
         from engine_sim import vllm_config
         from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
         from vllm.utils.hashing import sha256
@@ -173,7 +173,13 @@ class BenchEngine:
         self.sched = Scheduler(vc, kvc, StructuredOutputManager(vc), block_size=MAMBA_BLOCK,
                                hash_block_size=H, log_stats=False)
         self.wc: Any = None
-        if extra is not None:
+        self.peer: Any = None  # vLLM's own Mooncake worker threads instead of ours
+        if extra is not None and peer_store is not None:
+            from vllm_peer import VllmSenderPeer
+
+            self.peer = VllmSenderPeer(kv, *layer_names(), kvc, num_blocks,
+                                       FA_BLOCK // KERNEL_BLOCK, peer_store)
+        elif extra is not None:
             self.wc = TailproofConnector(vc, KVConnectorRole.WORKER, kvc)
             self.wc.register_kv_caches(kv)
         n = 1024
@@ -252,6 +258,13 @@ class BenchEngine:
                 kv_connector_stats=self._stats(wc),
                 kv_connector_worker_meta=wc.build_connector_worker_meta())
             wc.clear_connector_metadata()
+        elif self.peer is not None:  # MooncakeStoreWorker.wait_for_save + its worker meta
+            from tailproof.impl.meta import TailproofWorkerMeta
+
+            self.peer.wait_for_save(so.kv_connector_metadata)
+            done = self.peer.completed_saves()
+            kvo = KVConnectorOutput(kv_connector_worker_meta=TailproofWorkerMeta(
+                completed_saves=done) if done else None)
         t4 = time.perf_counter()
         rids = list(so.num_scheduled_tokens)
         sampled = []
@@ -280,6 +293,12 @@ class BenchEngine:
             self.wc.worker_side.wait_idle(120.0)
             while self.sched.connector.has_pending_push_work():
                 self.step()
+        if self.peer is not None:
+            deadline = time.monotonic() + 120.0
+            while not self.peer.idle() and time.monotonic() < deadline:
+                time.sleep(0.005)
+            while self.sched.connector.has_pending_push_work():
+                self.step()
         return total
 
 
@@ -302,6 +321,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--matmuls", type=int, default=4)
     ap.add_argument("--requests", type=int, default=2)
     ap.add_argument("--num-blocks", type=int, default=28)
+    ap.add_argument("--vllm-peer", action="store_true",
+                    help="also run vLLM 0.33's MooncakeStoreConnector sending thread (engine V) "
+                         "on the same jobs, interleaved with A and B")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     print(f"load before: {os.getloadavg()}, {os.cpu_count()} CPUs, torch threads "
@@ -314,14 +336,23 @@ def main(argv: list[str] | None = None) -> int:
     plant_store(extra, store)
     a = BenchEngine(kv, args.num_blocks, extra, args.matmuls)
     b = BenchEngine(kv, args.num_blocks, None, args.matmuls)
+    v = None
+    if args.vllm_peer:
+        from vllm_peer import FakeMooncakeStore
+
+        fake = FakeMooncakeStore(512 << 20, args.gbps if args.store == "network" else None)
+        v = BenchEngine(kv, args.num_blocks, {**extra, "namespace": extra["namespace"] + "-v"},
+                        args.matmuls, peer_store=fake)
     import random
 
-    ratios, ta, tb = [], [], []
+    ratios, ta, tb, vratios = [], [], [], []
     prompts: list[list[int]] = []
     for r in range(args.rounds + 1):
         rng = random.Random(r)
         prompts = [[rng.randrange(10, 500) for _ in range(PROMPT)] for _ in range(args.requests)]
         order = [(a, "a"), (b, "b")] if r % 2 == 0 else [(b, "b"), (a, "a")]
+        if v is not None:  # rotate A, B, V so each runs first, second and third in turn
+            order = [[(a, "a"), (b, "b"), (v, "v")][(i + r) % 3] for i in range(3)]
         got = {}
         for eng, name in order:
             got[name] = eng.run_round(prompts, f"r{r}{name}")
@@ -330,8 +361,12 @@ def main(argv: list[str] | None = None) -> int:
         ta.append(got["a"])
         tb.append(got["b"])
         ratios.append(got["a"] / got["b"])
+        extra_v = ""
+        if v is not None:
+            vratios.append(got["v"] / got["b"])
+            extra_v = f"; vLLM's Mooncake worker {got['v'] * 1e3:.1f} ms, ratio {vratios[-1]:.3f}"
         print(f"round {r}: with connector {got['a'] * 1e3:.1f} ms, without "
-              f"{got['b'] * 1e3:.1f} ms, ratio {ratios[-1]:.3f}")
+              f"{got['b'] * 1e3:.1f} ms, ratio {ratios[-1]:.3f}{extra_v}")
     ws = a.wc.worker_side
     lat = a.latencies["job_latency_s"]
     m = ws.metrics.c
@@ -345,6 +380,11 @@ def main(argv: list[str] | None = None) -> int:
             f"{k} {v:.2f}" for k, v in eng.parts.items()))
     print(f"paired ratio (with / without): min {min(ratios):.3f}, median "
           f"{statistics.median(ratios):.3f}")
+    if v is not None:
+        print(f"paired ratio vLLM 0.33 MooncakeStoreConnector sending thread (V / without): min "
+              f"{min(vratios):.3f}, median {statistics.median(vratios):.3f}; its store got "
+              f"{fake.put_bytes / MIB:.0f} MiB; step phases: " + ", ".join(
+                  f"{k} {x:.2f}" for k, x in v.parts.items()))
     print(f"put bytes {m.total('put_bytes') / MIB:.0f} MiB in {m.total('put_batches')} batches; "
           f"jobs skipped (queue full) {m.total('jobs_skipped_queue_full')}")
     if lat:

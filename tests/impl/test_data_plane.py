@@ -322,7 +322,8 @@ def test_sender_copies_release_the_gil() -> None:
     assert ticks > 1000  # with the GIL held for each copy this loop would barely advance
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="no CUDA GPU: the CUDA data path (pinned staging, step event) needs one")
 def test_cuda_save_is_ordered_by_the_step_event_not_a_host_wait() -> None:
     """GPU: the CoW copy that fills the block a job reads is still queued behind a long kernel
     when ``wait_for_save`` runs. The step returns at once (no host wait); the sender's
@@ -339,6 +340,7 @@ def test_cuda_save_is_ordered_by_the_step_event_not_a_host_wait() -> None:
     w.wait_for_save(TailproofMeta(stores=[save(
         0, "A", 32, TABLES, HASHES, [BoundaryPut(0, 3, 44), BoundaryPut(1, 12, 44)])]))
     assert time.perf_counter() - t < 0.05
+    assert torch.cuda.current_stream().query() is False  # the sleep kernel is still running
     assert w.wait_idle(30)
     w2, r2 = _worker(store, device="cuda")
     ctab = ([7, 8, 9], [0, 0, 10])

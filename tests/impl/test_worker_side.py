@@ -216,7 +216,8 @@ def test_small_staging_buffer_puts_in_batches() -> None:
     assert w.metrics.c.get("put_keys") == 3
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="no CUDA GPU: the CUDA data path (pinned staging, step event) needs one")
 def test_cuda_kv_roundtrip_with_pinned_staging() -> None:
     """KV tensors on the GPU: pinned staging pool, the step's event orders the sender's
     device-to-host copies after the forward and CoW copies, loads copied back on the copy
@@ -224,6 +225,8 @@ def test_cuda_kv_roundtrip_with_pinned_staging() -> None:
     store = MemoryStore()
     w, runner = make_worker(store, device="cuda")
     assert w.pool is not None and w.pool.pin and w.copy_stream is not None
+    with w.pool.take(64) as buf:
+        assert buf.is_pinned()  # page-locked: the device-to-host copies run asynchronously
     tables = ([1, 2, 3], [0, 0, 6])
     runner.forward("A", TOKENS, 0, 44, tables)
     runner.copy_blocks([(6, 12)])
