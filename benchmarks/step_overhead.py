@@ -189,6 +189,8 @@ class BenchEngine:
         self.step_times: list[float] = []
         self.parts: dict[str, float] = {}  # seconds per step phase, all rounds
         self.latencies: dict[str, list[float]] = {"job_latency_s": [], "load_latency_s": []}
+        self._enqueued: dict[int, float] = {}  # store job id -> when wait_for_save queued it
+        self.pin_release_s: list[float] = []  # enqueue -> its pins released (all engines alike)
 
     def _stats(self, wc: Any) -> Any:
         """The worker's stats, as vLLM would log them; latency samples kept for the report."""
@@ -266,6 +268,11 @@ class BenchEngine:
             kvo = KVConnectorOutput(kv_connector_worker_meta=TailproofWorkerMeta(
                 completed_saves=done) if done else None)
         t4 = time.perf_counter()
+        meta = so.kv_connector_metadata
+        for job in getattr(meta, "stores", ()):
+            self._enqueued[job.store_job_id] = t3
+        done_ids = kvo.kv_connector_worker_meta.completed_saves if (
+            kvo is not None and kvo.kv_connector_worker_meta is not None) else {}
         rids = list(so.num_scheduled_tokens)
         sampled = []
         for rid in rids:
@@ -274,6 +281,10 @@ class BenchEngine:
         mro = ModelRunnerOutput(req_ids=rids, req_id_to_index={r: i for i, r in enumerate(rids)},
                                 sampled_token_ids=sampled, kv_connector_output=kvo)
         self.sched.update_from_output(so, mro)
+        now = time.perf_counter()  # the jobs reported this step have their pins released now
+        for jid in done_ids:
+            if jid in self._enqueued:
+                self.pin_release_s.append(now - self._enqueued.pop(jid))
         if rids:
             t5 = time.perf_counter()
             self.step_times.append(t5 - t0)
@@ -389,6 +400,11 @@ def main(argv: list[str] | None = None) -> int:
           f"jobs skipped (queue full) {m.total('jobs_skipped_queue_full')}")
     if lat:
         per_job = m.total("put_bytes") / max(1, len(lat))
+        for eng, name in ((a, "ours"), (v, "vLLM's Mooncake sending thread")):
+            if eng is not None and eng.pin_release_s:
+                pr = eng.pin_release_s
+                print(f"enqueue -> pins released ({name}): {len(pr)} jobs, median "
+                      f"{statistics.median(pr) * 1e3:.1f} ms, min {min(pr) * 1e3:.1f} ms")
         print(f"store jobs: {len(lat)}, {per_job / MIB:.0f} MiB each on average; enqueue -> "
               f"reported (pins released at the next step) median "
               f"{statistics.median(lat) * 1e3:.1f} ms, min {min(lat) * 1e3:.1f} ms; torch copy "
