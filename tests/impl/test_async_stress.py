@@ -246,7 +246,9 @@ def _run(seed: int, n_requests: int = 8) -> tuple[dict[str, list[int]], dict[str
     from tailproof.impl.config import parse_settings
 
     store = DelayStore(seed)
-    cfg = {"store": "memory", "namespace": f"stress-{seed}-{time.monotonic_ns()}",
+    # A fixed namespace: the keys (and so which of them the store fails) depend only on the
+    # seed, so every run meets the same scripted failures and the same loads.
+    cfg = {"store": "memory", "namespace": f"stress-{seed}",
            "capacity_bytes": 1 << 26, "send_threads": 2, "recv_threads": 2}
     # The engine's roles acquire their store through the shared-store table: plant ours there.
     table_key = json.dumps(parse_settings(cfg, "kv_both").store_config, sort_keys=True)
