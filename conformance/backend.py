@@ -20,6 +20,7 @@ class RequestView:
     num_prompt_tokens: int
     num_computed_tokens: int
     num_in_flight_tokens: int
+    shared_prefix_boundary: int = 0  # the junction the admission lookup set (0: none)
 
 
 class KVObserver(Protocol):

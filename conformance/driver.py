@@ -136,7 +136,8 @@ class CoreDriver:
     def _op_lookup(self, op: dict[str, Any]) -> Observation:
         hit, blocks = self.core.lookup(op["rid"], op["max_len"])
         self.hits[op["rid"]] = hit
-        return {"hit": hit, "blocks": blocks}
+        junction = self.core.get(op["rid"]).shared_prefix_boundary
+        return {"hit": hit, "blocks": blocks, "junction": junction}
 
     def _op_plan_chunk(self, op: dict[str, Any]) -> Observation:
         """Mirrors how ``Scheduler.schedule`` sizes a prefill chunk before the Mamba split:

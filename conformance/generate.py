@@ -46,6 +46,14 @@ GEOMETRIES: list[Geometry] = [
 ACTIONS = ["add", "add", "admit", "admit", "admit", "finish", "preempt", "evict", "snapshot"]
 
 
+def with_junction_checkpoint(geometry: Geometry) -> Geometry:
+    """The geometry with EAGLE flagged on its Mamba groups, so that
+    ``enable_mamba_shared_prefix_checkpoint`` takes effect where partial hits are on
+    (``KVCacheManager`` narrows the flag to configurations with an EAGLE group)."""
+    groups, h, eagle = geometry
+    return [(k, b, e or k == M) for k, b, e in groups], h, eagle
+
+
 def geometry_config(geometry: Geometry, num_blocks: int, **settings: Any) -> dict[str, Any]:
     """The trace config of a geometry."""
     groups, h, eagle = geometry
@@ -176,10 +184,18 @@ class _CoreScript:
 
 @st.composite
 def lockstep_trace(draw: st.DrawFn, adapters: list[str], max_steps: int = 16,
-                   strict: bool = True) -> Lockstep:
-    """Draw and run one trace on ``adapters`` (raises LockstepDivergence on disagreement)."""
+                   strict: bool = True, junction_checkpoint: bool | None = False) -> Lockstep:
+    """Draw and run one trace on ``adapters`` (raises LockstepDivergence on disagreement).
+    ``junction_checkpoint`` turns vLLM's shared-prefix junction checkpoint on (True: the
+    engine flag with EAGLE flagged on the Mamba groups), off (False), or draws it (None)."""
     geometry = draw(st.sampled_from(GEOMETRIES))
-    config = geometry_config(geometry, draw(st.sampled_from([8, 12, 16, 24, 40])))
+    if junction_checkpoint is None:
+        junction_checkpoint = draw(st.booleans())
+    settings: dict[str, Any] = {}
+    if junction_checkpoint:
+        geometry = with_junction_checkpoint(geometry)
+        settings["enable_mamba_shared_prefix_checkpoint"] = True
+    config = geometry_config(geometry, draw(st.sampled_from([8, 12, 16, 24, 40])), **settings)
     sizes = [b for _, b, _ in geometry[0]]
     if min(sizes) < max(sizes) and draw(st.booleans()):
         config["split_block_size"] = min(sizes)  # the engine's cache_config.block_size

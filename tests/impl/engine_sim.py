@@ -41,14 +41,16 @@ class StepLog:
     copies: list[tuple[int, int]] = field(default_factory=list)
     byte_errors: list[str] = field(default_factory=list)
     finished: list[str] = field(default_factory=list)
+    worker_stats: list[dict[str, Any]] = field(default_factory=list)  # each worker's counters
+    preempted: list[str] = field(default_factory=list)
 
 
-_BASE_CONFIG: dict[str, Any] = {}
+_BASE_CONFIG: dict[int, Any] = {}  # ModelConfig per max_model_len
 
 
 def vllm_config(extra: dict[str, Any], kv_role: str = "kv_both", h: int = 4,
                 block_size: int = 16, max_batched: int = 2048,
-                failure_policy: str = "recompute") -> Any:
+                failure_policy: str = "recompute", max_model_len: int = 4096) -> Any:
     """A CPU ``VllmConfig`` for the tiny hybrid model with the Tailproof connector."""
     from vllm.config import (
         CacheConfig,
@@ -60,10 +62,10 @@ def vllm_config(extra: dict[str, Any], kv_role: str = "kv_both", h: int = 4,
     )
 
     tiny_hybrid.register()
-    if "model" not in _BASE_CONFIG:
-        _BASE_CONFIG["model"] = ModelConfig(
+    if max_model_len not in _BASE_CONFIG:
+        _BASE_CONFIG[max_model_len] = ModelConfig(
             model=str(tiny_hybrid.MODEL_DIR), skip_tokenizer_init=True, dtype="float32",
-            max_model_len=4096)
+            max_model_len=max_model_len)
     cc = CacheConfig(block_size=block_size, enable_prefix_caching=True,
                      mamba_cache_mode="align", prefix_match_unit=h)
     kt = KVTransferConfig(kv_connector="TailproofConnector",
@@ -71,8 +73,8 @@ def vllm_config(extra: dict[str, Any], kv_role: str = "kv_both", h: int = 4,
                           kv_role=kv_role, kv_connector_extra_config=dict(extra),
                           kv_load_failure_policy=failure_policy)
     sc = SchedulerConfig(max_num_batched_tokens=max_batched, max_num_seqs=16,
-                         max_model_len=4096, is_encoder_decoder=False)
-    return VllmConfig(model_config=_BASE_CONFIG["model"], cache_config=cc,
+                         max_model_len=max_model_len, is_encoder_decoder=False)
+    return VllmConfig(model_config=_BASE_CONFIG[max_model_len], cache_config=cc,
                       device_config=DeviceConfig("cpu"), kv_transfer_config=kt,
                       scheduler_config=sc)
 
@@ -110,7 +112,8 @@ class Engine:
     def __init__(self, extra: dict[str, Any] | None = None, *, num_blocks: int = 64,
                  groups: tuple[tuple[str, int], ...] = GROUPS, h: int = 4,
                  num_workers: int = 1, kv_role: str = "kv_both", max_batched: int = 2048,
-                 failure_policy: str = "recompute", settle: bool = True):
+                 failure_policy: str = "recompute", settle: bool = True,
+                 max_model_len: int = 4096):
         from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
         from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
         from vllm.utils.hashing import sha256
@@ -127,7 +130,7 @@ class Engine:
         self.h = h
         self.groups = groups
         self.vc = vllm_config(extra or {"store": "memory"}, kv_role, h, min(b for _, b in groups),
-                              max_batched, failure_policy)
+                              max_batched, failure_policy, max_model_len)
         self.vc.cache_config.num_gpu_blocks = num_blocks
         self.kvc = kv_cache_config(num_blocks, groups, h)
         lcm = lcm_all([b for _, b in groups])
@@ -166,7 +169,8 @@ class Engine:
         self.sched.add_request(req)
         return req
 
-    def next_token(self, req: Any) -> int:
+    @staticmethod
+    def next_token(req: Any) -> int:
         """Deterministic 'sampling': a function of the sequence so far."""
         return 1000 + (sum(req.all_token_ids) * 31 + len(req.all_token_ids)) % 997
 
@@ -179,6 +183,7 @@ class Engine:
         meta = so.kv_connector_metadata
         log = StepLog(dict(so.num_scheduled_tokens), list(meta.loads), list(meta.stores),
                       [(c.src_block_id, c.dst_block_id) for c in so.kv_cache_block_copies or ()])
+        log.preempted = sorted(so.preempted_req_ids or ())
         reqs = self.sched.requests
         outs = []
         for w, (wc, runner) in enumerate(self.workers):
@@ -204,6 +209,8 @@ class Engine:
             if self.settle:
                 assert ws.wait_idle(60.0), "background store jobs did not finish"
             res = wc.get_transfer_results(so.finished_req_ids)
+            stats = wc.get_kv_connector_stats()
+            log.worker_stats.append(dict(stats.data) if stats is not None else {})
             for rid in res.finished_recving or ():
                 job = self.loading[w].pop(rid)
                 if rid not in (res.failed_recving or ()):  # failed closed: nothing to check
@@ -212,7 +219,7 @@ class Engine:
                 finished_sending=res.finished_sending, finished_recving=res.finished_recving,
                 failed_recving=res.failed_recving,
                 invalid_block_ids=wc.get_block_ids_with_load_errors(),
-                kv_connector_stats=wc.get_kv_connector_stats(),
+                kv_connector_stats=stats,
                 kv_connector_worker_meta=wc.build_connector_worker_meta())
             wc.clear_connector_metadata()
             rids = list(so.num_scheduled_tokens)
