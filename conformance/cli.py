@@ -180,9 +180,27 @@ def cmd_check(args: argparse.Namespace) -> int:
         if prc is None:
             print("proofs: skipped (tailproof.spec.prove not installed)")
         rc = max(rc, prc or 0)
+    if args.mutate:
+        rc = max(rc, _check_mutation(summary, args.json))
     if args.json:
         print(json.dumps(summary, indent=2))
     return rc
+
+
+def _check_mutation(summary: dict[str, Any], as_json: bool) -> int:
+    """``check --mutate``: the full mutant catalog with the default budget; its score joins
+    the summary under ``mutation``."""
+    from tailproof.conformance.mutate.cli import run_from_args
+    from tailproof.conformance.mutate.run import format_report
+
+    p = argparse.ArgumentParser()
+    _mutate_args(p)
+    opts = p.parse_args([])
+    report = run_from_args(opts)
+    summary["mutation"] = report.as_json()
+    if not as_json:
+        print(format_report(report))
+    return 0 if report.score >= opts.min_score else 1
 
 
 def _store_args(p: argparse.ArgumentParser) -> None:
@@ -192,6 +210,18 @@ def _store_args(p: argparse.ArgumentParser) -> None:
                    help="an existing mooncake_master (default: start one on 127.0.0.1)")
 
 
+def _mutate_args(p: argparse.ArgumentParser) -> None:
+    from tailproof.conformance.mutate.cli import add_arguments
+
+    add_arguments(p)
+
+
+def _cmd_mutate(args: argparse.Namespace) -> int:
+    from tailproof.conformance.mutate.cli import cmd_mutate
+
+    return cmd_mutate(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tailproof", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -199,6 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--adapters", help="comma-separated subset of adapters")
     c.add_argument("--no-prove", action="store_true", help="skip the spec's proofs")
     c.add_argument("--json", action="store_true")
+    c.add_argument("--mutate", action="store_true",
+                   help="also score the suite against the vLLM mutant catalog (slow)")
     _store_args(c)
     c.set_defaults(func=cmd_check)
     r = sub.add_parser("replay", help="replay traces on adapters and compare observations")
@@ -216,6 +248,10 @@ def build_parser() -> argparse.ArgumentParser:
     v = sub.add_parser("validate", help="validate traces without running them")
     v.add_argument("traces", nargs="+")
     v.set_defaults(func=cmd_validate)
+    mu = sub.add_parser("mutate", help="score the suite against mutants of vLLM's own code")
+    mu.add_argument("--json", action="store_true")
+    _mutate_args(mu)
+    mu.set_defaults(func=_cmd_mutate)
     pr = sub.add_parser("prove", help="run the spec's lemmas, bounded check and mutants")
     pr.add_argument("rest", nargs=argparse.REMAINDER)
     pr.set_defaults(func=cmd_prove)
