@@ -41,6 +41,14 @@ GEOMETRIES: list[tuple[list[tuple[str, int, bool]], int, bool]] = [
     ([(FA, 4, False), (FA, 8, False)], 4, False),  # attention only, two block sizes
     ([(FA, 4, False)], 4, False),  # one group: the unitary coordinator
     ([(M, 8, False)], 8, False),  # Mamba only
+    # Shapes the mutation kit found unreached (docs/mutation.md):
+    ([(FA, 16, False), (M, 8, False)], 8, False),  # h = Mamba block < lcm: lcm-aligned hits
+    ([(FA, 8, False), (M, 8, False)], 4, True),  # EAGLE, no group flagged: every group EAGLE
+    ([(FA, 4, False), (FA, 8, False), (M, 8, False)], 4, False),  # 3 spec groups: fixed point
+    ([(FA, 4, True), (FA, 8, False), (M, 8, False)], 4, True),  # EAGLE on one of two FA groups
+    ([(FA, 16, True), (M, 16, False)], 16, True),  # EAGLE with partial hits off
+    ([(FA, 8, False), (M, 8, False), (M, 16, False)], 4, False),  # Mamba groups of two sizes
+    ([(FA, 4, False), (M, 8, False), (M, 16, False)], 4, True),  # ... with every group EAGLE
 ]
 
 

@@ -31,6 +31,9 @@ GEOMETRIES: list[tuple[list[tuple[str, int, bool]], int, bool]] = [
     ([(FA, 16, True), (M, 16, False)], 4, True),
     ([(FA, 8, False), (M, 8, False), (M, 8, False)], 4, False),
     ([(FA, 8, False), (M, 8, False)], 8, False),  # partial hits off
+    ([(FA, 8, False), (M, 8, False)], 4, True),  # EAGLE, no group flagged: every group EAGLE
+    ([(FA, 4, True), (FA, 8, False), (M, 8, False)], 4, True),  # EAGLE on one FA group of two
+    ([(FA, 16, False), (M, 8, False)], 8, False),  # h = Mamba block < lcm
 ]
 SCRIPT_ENTRIES: list[Any] = ["ok", "ok", "ok", "full", "error", "raise", ["ok", "full"]]
 _SPECS = all_op_specs()
