@@ -319,7 +319,9 @@ MUTANTS: list[Mutant] = [
        "a block-aligned checkpoint is treated as a sub-block tail (needless CoW)"),
     _m("m-tail-cached-count-uncapped", ST, "MambaManager._cache_partial_tail_block",
        "self.num_cached_block[request.request_id] = block_idx", "pass",
-       "the producer's tail block is never re-registered once full"),
+       "the producer's tail block is never re-registered once full",
+       equivalent="the base cache_blocks call just before has set num_cached_block to "
+                  "floor(ck/B), which is block_idx for a sub-block ck"),
     _m("m-deferral-never-lifted", ST, "MambaManager.new_step_starts",
        "self.cached_blocks_this_step.clear()", "pass",
        "states registered in one step stay unhittable in every later step"),
@@ -364,7 +366,9 @@ MUTANTS: list[Mutant] = [
        "num_tokens_to_cache = min(\n        total_computed_tokens + num_new_tokens,\n"
        "        request.num_tokens,\n    )",
        "num_tokens_to_cache = total_computed_tokens + num_new_tokens",
-       "draft or lookahead tokens are cached as if committed"),
+       "draft or lookahead tokens are cached as if committed",
+       equivalent="every registration is bounded by the request's hashes (full blocks) or "
+                  "by the prompt (tail keys), and scheduled drafts extend neither"),
     _m("km-delay-cache-ignored", KM, "KVCacheManager.allocate_slots",
        "if delay_cache_blocks:\n        return", "if False:\n        return",
        "blocks waiting for remote KV are cached before it arrives"),
