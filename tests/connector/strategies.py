@@ -179,7 +179,17 @@ def connector_trace(draw: st.DrawFn, max_steps: int = 12) -> Run:
         run.apply(op="drain_offloads")
         if run.apply(op="drain_copies").get("handle") is not None:
             run.apply(op="release_retained")
-        run.apply(op="conn_step", finished=finished, preempted=preempted)
+        offer = []
+        if ok and draw(st.integers(0, 3)) == 0:
+            # A hand-off the core never produces (an attention-group block or the null
+            # block): the connector must refuse it (conn_step.offer).
+            rid = draw(st.sampled_from(ok))
+            table = run.drivers[0].core.table(rid)
+            g = draw(st.integers(0, len(groups) - 1))
+            blk = table[g][-1] if table[g] and draw(st.booleans()) else 0
+            offer = [[rid, g, h * draw(st.integers(1, 4)), blk]]
+        run.apply(op="conn_step", finished=finished, preempted=preempted,
+                  **({"offer": offer} if offer else {}))
         finished, preempted = [], []
         for rid in ok:
             run.apply(op="commit", rid=rid)
