@@ -455,7 +455,10 @@ MUTANTS: list[Mutant] = [
        "a hand-off for a non-Mamba (or non-cacheable) group is accepted"),
     _m("ms-handoff-after-preempt", MS, "MooncakeStoreScheduler._handle_boundary_state_offloads",
        "if tracker is None or req_tuple is None:", "if tracker is None:",
-       "hand-offs of a request preempted this step are still processed"),
+       "hand-offs of a request preempted this step are still processed",
+       equivalent="a preempted request's tracker is reset (prefill_end_tokens 0) in the same "
+                  "call, so every entry fails the prefill-end filter before the missing "
+                  "request entry is read; a finished request has no tracker at all"),
     _m("ms-pin-not-taken", MS, "MooncakeStoreScheduler._reference_save_blocks",
        "pool.touch([pool.blocks[block_id] for block_id in block_ids])", "pass",
        "a store job records its blocks but takes no reference (drop pin)"),
