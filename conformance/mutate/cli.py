@@ -10,8 +10,8 @@ from typing import Any
 from tailproof.conformance.mutate.catalog import MUTANTS, module_label
 
 #: The generators' fixed budget: traces drawn (derandomized) per generator.
-DEFAULT_GENERATED_CORE = 60
-DEFAULT_GENERATED_CONNECTOR = 30
+DEFAULT_GENERATED_CORE = 120
+DEFAULT_GENERATED_CONNECTOR = 60
 DEFAULT_MIN_SCORE = 0.95
 
 
