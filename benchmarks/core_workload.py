@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tailproof.conformance.trace import parse_trace
+from tailproof.conformance.trace import FORMAT_TAG, parse_trace
 
 CONFIG: dict[str, Any] = {
     "groups": [{"kind": "full_attention", "block_size": 16},
@@ -15,7 +15,7 @@ CONFIG: dict[str, Any] = {
 
 
 def trace_config() -> Any:
-    return parse_trace({"format": "tailproof-trace/1", "config": CONFIG, "ops": []}).config
+    return parse_trace({"format": FORMAT_TAG, "config": CONFIG, "ops": []}).config
 
 
 def prompts(n: int, length: int = 200, shared: int = 120) -> list[list[int]]:

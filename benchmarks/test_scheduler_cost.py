@@ -12,7 +12,7 @@ worker over ZMQ, Tailproof's to the store client), so only scheduler-side work i
 lookups' bookkeeping, load specs, trackers, hand-off claims, tail puts, job ids, pins.
 
 Run: ``pytest benchmarks/test_scheduler_cost.py --benchmark-only`` (figures in
-``BENCHMARKS.md`` §3).
+section 3 of ``BENCHMARKS.md``).
 """
 
 from __future__ import annotations

@@ -22,6 +22,17 @@ class RequestView:
     num_in_flight_tokens: int
 
 
+class KVObserver(Protocol):
+    """What a backend reports as it goes, for an adapter that keeps real KV bytes in step
+    with the block tables (the ``impl`` adapter): forwards and CoW copies."""
+
+    def computed(self, rid: str, start: int, end: int) -> None:
+        """Tokens ``[start, end)`` of ``rid`` were just computed (its forward ran)."""
+
+    def copies(self, pairs: list[tuple[int, int]]) -> None:
+        """CoW copies ``(src, dst)`` just queued by the core, in queue order."""
+
+
 class CoreBackend(Protocol):
     """Scheduler-side block lifecycle of one engine (one ``KVCacheManager``)."""
 
@@ -91,6 +102,16 @@ class CoreBackend(Protocol):
 
     def truncate(self, rid: str, num_tokens: int) -> list[list[int]]:
         """``truncate_computed_blocks`` of the pending hit (may raise AssertionError)."""
+
+    def truncate_pending(self, rid: str, num_tokens: int) -> None:
+        """Replace the pending hit by its first ``num_tokens`` tokens, as ``Scheduler.schedule``
+        does before allocating when a remote hit replaces a local sub-block tail
+        (``KVCacheManager.truncate_computed_blocks``, KM:809-840)."""
+
+    def block_ids_for_computed_tokens(self, rid: str) -> list[list[int]]:
+        """``KVCacheManager.get_block_ids_for_computed_tokens`` (KM:740-758): the table with
+        attention groups clipped to the computed tokens (what ``_connector_finished`` hands the
+        connector)."""
 
     def table(self, rid: str) -> list[list[int]]:
         """``get_block_ids``: the request's block table per group."""

@@ -1,23 +1,35 @@
-"""The ``tailproof`` command: ``check`` (the main job), ``replay``, ``record``, ``validate``,
-``prove``. Exit status: 0 clean, 1 a divergence or failed proof, 2 bad input.
+"""tailproof: replay conformance traces on the reference model, vLLM 0.33 and the tailproof
+connector, compare them op by op, and prove the spec.
+
+Exit status: 0 everything ran and agreed; 1 a divergence or a failed proof; 2 bad input or an
+environment that cannot run what was asked (one line on stderr naming the cause and the fix).
+Findings about vLLM never change the exit status. --debug shows the traceback of an error.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
-import os
+import signal
 import sys
+import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
+from tailproof import __version__
+from tailproof.conformance import vllm_compat
 from tailproof.conformance.adapters import ADAPTERS, AdapterUnavailable, available
+from tailproof.conformance.errors import DIVERGED, OK, USAGE, UsageError
 from tailproof.conformance.replay import CaseResult, format_divergence, run_trace
 from tailproof.conformance.trace import Trace, TraceError, load_trace
 
 CASES_DIR = Path(__file__).resolve().parent / "cases"
+#: exit status of a failure inside tailproof itself (a bug, never a user error)
+INTERNAL = 3
 
 
 def corpus_paths() -> list[Path]:
@@ -25,13 +37,143 @@ def corpus_paths() -> list[Path]:
     return sorted(CASES_DIR.glob("*.json"))
 
 
-def _load_all(paths: list[str | Path]) -> list[Trace]:
-    """Validate every trace before running any (a bad one stops the run with status 2)."""
-    return [load_trace(p) for p in paths]
+# --- inputs ---------------------------------------------------------------------------------
 
 
-def _progress(i: int, n: int, label: str) -> None:
-    if not sys.stderr.isatty() and os.environ.get("TAILPROOF_PROGRESS") != "1":
+def expand_paths(args: list[str]) -> tuple[list[Path], list[str]]:
+    """Trace arguments as files (a directory stands for its ``*.json``), plus the problems."""
+    paths: list[Path] = []
+    problems: list[str] = []
+    for a in args:
+        p = Path(a)
+        if p.is_dir():
+            found = sorted(x for x in p.glob("*.json") if x.is_file())
+            if not found:
+                problems.append(f"{p}: directory holds no *.json traces")
+            paths += found
+        else:
+            paths.append(p)
+    return paths, problems
+
+
+def load_all(args: list[str] | list[Path]) -> list[Trace]:
+    """Validate every trace before running any; report every bad one, then exit 2."""
+    paths, problems = expand_paths([str(a) for a in args])
+    traces = []
+    for p in paths:
+        try:
+            traces.append(load_trace(p))
+        except TraceError as e:
+            problems.append(str(e))
+    if problems:
+        for line in problems[:-1]:
+            print(f"tailproof: {' '.join(line.split())}", file=sys.stderr)
+        raise UsageError(problems[-1] + (f" ({len(problems)} bad inputs)"
+                                         if len(problems) > 1 else ""),
+                         "correct the trace (docs/trace-format.md)")
+    return traces
+
+
+def parse_adapters(text: str, option: str) -> list[str]:
+    names = [a.strip() for a in text.split(",") if a.strip()]
+    if not names:
+        raise UsageError(f"{option}: no adapter named", f"name some of {', '.join(ADAPTERS)}")
+    for a in names:
+        if a not in ADAPTERS:
+            raise UsageError(f"{option}: unknown adapter {a!r}",
+                             f"use some of {', '.join(ADAPTERS)}")
+    return names
+
+
+def resolve_adapters(names: list[str], skip_missing: bool,
+                     info: vllm_compat.VllmInfo) -> tuple[list[str], dict[str, str]]:
+    """The adapters that can run here. vLLM missing: skipped when ``skip_missing`` (check),
+    else exit 2; an unsupported vLLM or a changed API: always exit 2 naming each problem."""
+    run, not_run = [], {}
+    for a in names:
+        reason = vllm_compat.refusal(info, a)
+        if reason is None and not available(a):
+            reason = f"adapter {a}: its code does not import here"
+        if reason is None:
+            run.append(a)
+        elif skip_missing and info.missing:
+            not_run[a] = reason
+        else:
+            raise UsageError(reason, vllm_compat.FIX if not info.missing else
+                             f"./scripts/bootstrap.sh installs {info.missing}, or run "
+                             "without it (--against reference / --adapters reference)")
+    if not run:
+        raise UsageError(f"no adapter can run here ({'; '.join(not_run.values())})",
+                         "./scripts/bootstrap.sh")
+    return run, not_run
+
+
+@contextlib.contextmanager
+def _signals_unwind() -> Iterator[None]:
+    """SIGTERM / SIGHUP end the run like Ctrl-C (SystemExit 128+signal), so every context
+    that is open -- the master this run started -- is closed on the way out."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def unwind(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    saved = {s: signal.signal(s, unwind) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+
+
+def _isolate_network() -> None:
+    """Mooncake clients listen on every interface whatever they are told: a run that starts
+    its own master moves into a private loopback-only network namespace first (root only)."""
+    from tailproof.conformance.netns import enter_loopback_namespace
+
+    why = enter_loopback_namespace()
+    if why is not None:
+        print(f"tailproof: warning: Mooncake clients of this run listen on all interfaces "
+              f"(no private network namespace: {why})", file=sys.stderr)
+
+
+def _impl_options(args: argparse.Namespace, adapters: list[str],
+                  stack: contextlib.ExitStack) -> dict[str, dict[str, Any]]:
+    """``make_driver`` options of the impl adapter (``--store``, ``--device``); for ``--store
+    mooncake`` without a master address, start a ``mooncake_master`` on 127.0.0.1 for the run
+    (stopped by PID when ``stack`` closes)."""
+    if "impl" not in adapters or (args.store is None and args.device is None):
+        return {}
+    from tailproof.conformance.adapters import impl as impl_adapter
+
+    options: dict[str, Any] = {}
+    if args.device is not None:
+        options["device"] = args.device
+    if args.store is not None:
+        options["store"] = args.store
+    if args.store == "mooncake":
+        if importlib.util.find_spec("mooncake") is None:
+            raise UsageError("--store mooncake: the Mooncake store package is not installed",
+                             "pip install mooncake-transfer-engine-non-cuda (and "
+                             "libibverbs1), or --store memory")
+        address = args.mooncake_master
+        if not address:
+            from tailproof.conformance.local_master import LocalMaster
+
+            _isolate_network()
+            stack.enter_context(_signals_unwind())
+            address = stack.enter_context(LocalMaster()).address
+        options["store_config"] = {"master_address": address}
+    stack.callback(impl_adapter.close_shared_stores)
+    return {"impl": options}
+
+
+# --- running --------------------------------------------------------------------------------
+
+
+def _progress(i: int, n: int, label: str, tty: bool) -> None:
+    if not tty:
         if i == n:
             print(f"  {n}/{n} cases", file=sys.stderr)
         return
@@ -41,237 +183,408 @@ def _progress(i: int, n: int, label: str) -> None:
           end="" if i < n else "\n", file=sys.stderr, flush=True)
 
 
-def _run(traces: list[Trace], adapters: list[str], strict: bool,
-         progress: bool) -> list[CaseResult]:
+def run_all(traces: list[Trace], adapters: list[str], strict: bool, progress: bool,
+            options: dict[str, dict[str, Any]] | None = None) -> list[CaseResult]:
+    tty = sys.stderr.isatty()
     results = []
     for i, t in enumerate(traces):
         if progress:
-            _progress(i, len(traces), t.name)
-        results.append(run_trace(t, adapters, strict))
+            _progress(i, len(traces), t.name, tty)
+        results.append(run_trace(t, adapters, strict, options))
     if progress:
-        _progress(len(traces), len(traces), "")
+        _progress(len(traces), len(traces), "", tty)
     return results
 
 
-def _summary(results: list[CaseResult], seconds: float) -> dict[str, Any]:
-    skipped: dict[str, dict[str, dict[str, Any]]] = {}
+def _print_divergences(results: list[CaseResult], out: TextIO, per_case: int | None) -> None:
     for r in results:
-        for a, names in r.skipped().items():
-            skipped.setdefault(a, {})[r.name] = names
-    return {
-        "cases": len(results),
-        "ops": sum(len(r.trace.ops) for r in results),
-        "divergences": [d.as_json() for r in results for d in r.divergences],
-        "skipped_ops": skipped,
-        "seconds": round(seconds, 3),
-    }
+        for d in r.divergences[:per_case]:
+            print(format_divergence(r, d), file=out)
+            print(file=out)
 
 
-def _parse_adapters(text: str) -> list[str]:
-    names = [a.strip() for a in text.split(",") if a.strip()]
-    for a in names:
-        if a not in ADAPTERS:
-            raise TraceError(f"--against: unknown adapter {a!r} (known: {', '.join(ADAPTERS)})")
-    return names
+def _vllm_line(info: vllm_compat.VllmInfo) -> str:
+    if info.version is None:
+        return "vLLM not installed"
+    return f"vLLM {info.version} ({info.source})"
 
 
-def _impl_store(args: argparse.Namespace, adapters: list[str]) -> contextlib.ExitStack:
-    """Point the impl adapter at the chosen store; for ``--store mooncake`` without a master
-    address, start a ``mooncake_master`` on 127.0.0.1 for the run and stop it by PID after."""
-    stack = contextlib.ExitStack()
-    if "impl" not in adapters or args.store is None:
-        return stack
-    from tailproof.conformance.adapters import impl as impl_adapter
+def _conformance(args: argparse.Namespace, traces: list[Trace], adapters: list[str],
+                 strict: bool, progress: bool) -> tuple[list[CaseResult], float]:
+    t0 = time.perf_counter()
+    with contextlib.ExitStack() as stack:
+        options = _impl_options(args, adapters, stack)
+        results = run_all(traces, adapters, strict, progress, options)
+    return results, time.perf_counter() - t0
 
-    store_config: dict[str, Any] = {}
-    if args.store == "mooncake":
-        address = args.mooncake_master
-        if not address:
-            from tailproof.impl.stores.local_master import LocalMaster
 
-            address = stack.enter_context(LocalMaster()).address
-        store_config = {"master_address": address}
-    saved = dict(impl_adapter.ImplConnector.options)
-    impl_adapter.ImplConnector.options = {"store": args.store, "store_config": store_config}
-    stack.callback(setattr, impl_adapter.ImplConnector, "options", saved)
-    stack.callback(impl_adapter.close_shared_stores)
-    return stack
+def _finish(args: argparse.Namespace, command: str, info: vllm_compat.VllmInfo,
+            adapters: list[str], not_run: dict[str, str], strict: bool,
+            results: list[CaseResult], seconds: float, proofs: dict[str, Any],
+            findings: list[dict[str, Any]], t_start: float,
+            mutation: dict[str, Any] | None = None) -> int:
+    from tailproof.conformance import report
+
+    conformance = report.conformance_part(results, seconds)
+    rc = DIVERGED if conformance["divergences"] or proofs["status"] == "failed" else OK
+    if mutation is not None and not mutation["passed"]:
+        rc = DIVERGED
+    doc = report.document(command, vllm=info.as_json(), adapters=adapters, not_run=not_run,
+                          strict_ids=strict, conformance=conformance, proofs=proofs,
+                          findings=findings, exit_code=rc,
+                          total_seconds=time.perf_counter() - t_start, mutation=mutation)
+    if args.junit:
+        report.write_junit(doc, Path(args.junit))
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    return rc
+
+
+# --- subcommands (one function each; register_* adds its parser) ----------------------------
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """The main job: the whole corpus on every installed adapter, then the proofs."""
+    t_start = time.perf_counter()
+    out = sys.stderr if args.json else sys.stdout
+    wanted = parse_adapters(args.adapters, "--adapters") if args.adapters else list(ADAPTERS)
+    info = vllm_compat.inspect_vllm(wanted)
+    adapters, not_run = resolve_adapters(wanted, skip_missing=True, info=info)
+    if not args.no_prove:
+        _require_prover()
+    _check_junit(args)
+    traces = load_all(corpus_paths())
+    print(f"tailproof check: {len(traces)} cases on {', '.join(adapters)} ({_vllm_line(info)})"
+          + (f"; not run: {'; '.join(not_run.values())}" if not_run else ""), file=sys.stderr)
+    results, seconds = _conformance(args, traces, adapters, strict=False, progress=True)
+    _print_divergences(results, out, per_case=1)
+    n_div = sum(len(r.divergences) for r in results)
+    print(f"conformance: {len(results)} cases, {sum(len(t.ops) for t in traces)} ops, "
+          f"{n_div} divergences, {seconds:.1f}s", file=out)
+    from tailproof.conformance import report
+
+    proofs = report.proofs_part(None, "--no-prove", False)
+    findings: list[dict[str, Any]] = []
+    if not args.no_prove:
+        from tailproof.spec import prove
+
+        t0 = time.monotonic()
+        rep = prove.run(quick=args.quick, progress=prove.stderr_progress(t0))
+        rep["seconds"] = round(time.monotonic() - t0, 3)
+        failed = prove.failed(rep)
+        proofs = report.proofs_part(rep, None, failed)
+        findings = rep["findings"]
+        with contextlib.redirect_stdout(out):
+            prove.print_table(rep)
+        print(f"proofs: {'FAILED' if failed else 'passed'} ({rep['seconds']:.1f}s)", file=out)
+    mutation = _check_mutation(out) if args.mutate else None
+    return _finish(args, "check", info, adapters, not_run, False, results, seconds, proofs,
+                   findings, t_start, mutation)
+
+
+def _check_mutation(out: TextIO) -> dict[str, Any]:
+    """``check --mutate``: the whole vLLM mutant catalog under the corpus and the generators'
+    default budget; the score becomes the report's ``mutation`` part."""
+    from tailproof.conformance.mutate.cli import add_arguments, run_from_args
+    from tailproof.conformance.mutate.run import format_report
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    opts = p.parse_args([])
+    rep = run_from_args(opts)
+    print(format_report(rep), file=out)
+    return {**rep.as_json(), "min_score": opts.min_score,
+            "passed": rep.score >= opts.min_score}
+
+
+def register_check(sub: Any) -> None:
+    c = _sub(sub, "check", "run the corpus on every installed adapter, then the proofs",
+             cmd_check)
+    c.add_argument("--adapters", default=None, metavar="A,B",
+                   help="comma-separated adapters to run (default: every adapter whose "
+                        f"packages are installed; known: {', '.join(ADAPTERS)})")
+    c.add_argument("--no-prove", action="store_true", help="skip the spec's proofs")
+    c.add_argument("--quick", action="store_true",
+                   help="prove with lower bounds (seconds instead of a minute or two)")
+    c.add_argument("--mutate", action="store_true",
+                   help="also score the suite against the vLLM mutant catalog (minutes; exit 1 "
+                        "below the kit's minimum score)")
+    _report_args(c)
+    _store_args(c)
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    adapters = _parse_adapters(args.against)
-    traces = _load_all(args.traces)
-    t0 = time.perf_counter()
-    with _impl_store(args, adapters):
-        results = _run(traces, adapters, args.strict_ids, progress=False)
-    summary = _summary(results, time.perf_counter() - t0)
-    if args.json:
-        print(json.dumps(summary, indent=2))
-    else:
-        for r in results:
-            for d in r.divergences:
-                print(format_divergence(r, d))
-                print()
-        print(f"{summary['cases']} cases, {summary['ops']} ops, "
-              f"{len(summary['divergences'])} divergences, {summary['seconds']:.1f}s "
-              f"({', '.join(adapters)}{', strict ids' if args.strict_ids else ''})")
-    return 1 if summary["divergences"] else 0
+    t_start = time.perf_counter()
+    out = sys.stderr if args.json else sys.stdout
+    wanted = parse_adapters(args.against, "--against")
+    info = vllm_compat.inspect_vllm(wanted)
+    adapters, not_run = resolve_adapters(wanted, skip_missing=False, info=info)
+    _check_junit(args)
+    traces = load_all(args.traces)
+    results, seconds = _conformance(args, traces, adapters, args.strict_ids, progress=False)
+    _print_divergences(results, out, per_case=None)
+    n_div = sum(len(r.divergences) for r in results)
+    print(f"{len(results)} cases, {sum(len(t.ops) for t in traces)} ops, {n_div} divergences, "
+          f"{seconds:.1f}s ({', '.join(adapters)}{', strict ids' if args.strict_ids else ''}; "
+          f"{_vllm_line(info)})", file=out)
+    from tailproof.conformance import report
+
+    proofs = report.proofs_part(None, "replay runs no proofs", False)
+    return _finish(args, "replay", info, adapters, not_run, args.strict_ids, results, seconds,
+                   proofs, [], t_start)
+
+
+def register_replay(sub: Any) -> None:
+    r = _sub(sub, "replay", "replay traces on adapters and compare their observations",
+             cmd_replay)
+    r.add_argument("traces", nargs="+", metavar="TRACE",
+                   help="trace files, or directories standing for their *.json")
+    r.add_argument("--against", default="reference,vllm", metavar="A,B",
+                   help=f"comma-separated adapters (known: {', '.join(ADAPTERS)})")
+    r.add_argument("--strict-ids", action="store_true",
+                   help="compare block ids exactly instead of up to a renaming")
+    _report_args(r)
+    _store_args(r)
 
 
 def cmd_record(args: argparse.Namespace) -> int:
     """Fill each op's ``expect`` from one adapter's observations (for authoring cases)."""
-    for path in args.traces:
-        trace = load_trace(path)
+    info = vllm_compat.inspect_vllm([args.adapter])
+    resolve_adapters([args.adapter], skip_missing=False, info=info)
+    traces = load_all(args.traces)
+    for trace in traces:
         result = run_trace(trace, [args.adapter], strict=True)
         obs = result.observations[args.adapter]
         doc = trace.raw
         for op_doc, o in zip(doc["ops"], obs, strict=True):
             if o is not None and (args.overwrite or "expect" not in op_doc):
                 op_doc["expect"] = o
-        Path(path).write_text(json.dumps(doc, indent=1) + "\n")
-        print(f"recorded {sum(o is not None for o in obs)} observations into {path}")
-    return 0
+        try:
+            Path(trace.source).write_text(json.dumps(doc, indent=1) + "\n")
+        except OSError as e:
+            raise UsageError(f"{trace.source}: cannot write: {e.strerror or e}",
+                             "make the file writable") from None
+        print(f"recorded {sum(o is not None for o in obs)} observations into {trace.source}")
+    return OK
+
+
+def register_record(sub: Any) -> None:
+    rec = _sub(sub, "record", "write one adapter's observations into traces as expectations",
+               cmd_record)
+    rec.add_argument("traces", nargs="+", metavar="TRACE",
+                     help="trace files (rewritten in place), or directories of them")
+    rec.add_argument("--adapter", default="vllm", choices=list(ADAPTERS),
+                     help="the adapter whose observations become the expectations")
+    rec.add_argument("--overwrite", action="store_true",
+                     help="replace expectations already written (default: keep them)")
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    for t in _load_all(args.traces):
+    for t in load_all(args.traces):
         print(f"ok {t.source}: {len(t.ops)} ops")
-    return 0
+    return OK
 
 
-def _prove(argv: list[str]) -> int | None:
-    try:
-        from tailproof.spec.prove import main as prove_main
-    except ImportError:
-        return None
-    return prove_main(argv)
+def register_validate(sub: Any) -> None:
+    v = _sub(sub, "validate", "check traces against the format and limits without running them",
+             cmd_validate)
+    v.add_argument("traces", nargs="+", metavar="TRACE",
+                   help="trace files, or directories standing for their *.json")
+
+
+def _require_prover() -> None:
+    for module, dist in (("z3", "z3-solver"), ("hypothesis", "hypothesis")):
+        if importlib.util.find_spec(module) is None:
+            raise UsageError(f"the proofs need {dist}, which is not installed",
+                             f"pip install {dist} (or ./scripts/bootstrap.sh), or --no-prove")
 
 
 def cmd_prove(args: argparse.Namespace) -> int:
-    rc = _prove(args.rest)
-    if rc is None:
-        print("tailproof prove: the spec's prover (tailproof.spec.prove) is not installed",
-              file=sys.stderr)
-        return 2
-    return rc
+    _require_prover()
+    if args.export is not None and not Path(args.export).is_dir():
+        raise UsageError(f"--export: {args.export} is not a directory", "create it first")
+    from tailproof.spec.prove import main as prove_main
+
+    argv = (["--json"] if args.json else []) + (["--quick"] if args.quick else [])
+    argv += ["--export", str(args.export)] if args.export is not None else []
+    return prove_main(argv)
 
 
-def cmd_check(args: argparse.Namespace) -> int:
-    """The main job: the whole corpus on every installed adapter, then the proofs."""
-    wanted = _parse_adapters(args.adapters) if args.adapters else list(ADAPTERS)
-    adapters = [a for a in wanted if available(a)]
-    missing = [a for a in wanted if a not in adapters]
-    traces = _load_all(corpus_paths())
-    print(f"tailproof check: {len(traces)} cases on {', '.join(adapters)}"
-          + (f" (not installed: {', '.join(missing)})" if missing else ""), file=sys.stderr)
-    t0 = time.perf_counter()
-    with _impl_store(args, adapters):
-        results = _run(traces, adapters, strict=False, progress=True)
-    summary = _summary(results, time.perf_counter() - t0)
-    for r in results:
-        for d in r.divergences[:1]:
-            print(format_divergence(r, d))
-            print()
-    print(f"conformance: {summary['cases']} cases, {summary['ops']} ops, "
-          f"{len(summary['divergences'])} divergences, {summary['seconds']:.1f}s")
-    rc = 1 if summary["divergences"] else 0
-    if not args.no_prove:
-        prc = _prove(["--json"] if args.json else [])
-        if prc is None:
-            print("proofs: skipped (tailproof.spec.prove not installed)")
-        rc = max(rc, prc or 0)
-    if args.mutate:
-        rc = max(rc, _check_mutation(summary, args.json))
-    if args.json:
-        print(json.dumps(summary, indent=2))
-    return rc
+def register_prove(sub: Any) -> None:
+    pr = _sub(sub, "prove", "run the spec's lemmas, bounded checks and mutants (progress on "
+              "stderr; findings about vLLM reported apart, never as failures)", cmd_prove)
+    pr.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    pr.add_argument("--quick", action="store_true", help="lower bounds (a few seconds)")
+    pr.add_argument("--export", default=None, metavar="DIR",
+                    help="write each mutant counterexample as a conformance trace into DIR")
 
 
-def _check_mutation(summary: dict[str, Any], as_json: bool) -> int:
-    """``check --mutate``: the full mutant catalog with the default budget; its score joins
-    the summary under ``mutation``."""
-    from tailproof.conformance.mutate.cli import run_from_args
-    from tailproof.conformance.mutate.run import format_report
+def cmd_mutate(args: argparse.Namespace) -> int:
+    from tailproof.conformance.mutate.cli import cmd_mutate as run_mutate
 
-    p = argparse.ArgumentParser()
-    _mutate_args(p)
-    opts = p.parse_args([])
-    report = run_from_args(opts)
-    summary["mutation"] = report.as_json()
-    if not as_json:
-        print(format_report(report))
-    return 0 if report.score >= opts.min_score else 1
+    return run_mutate(args)
 
 
-def _store_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--store", choices=["memory", "mooncake"],
-                   help="store behind the impl adapter (default: memory, or $TAILPROOF_STORE)")
-    p.add_argument("--mooncake-master", metavar="HOST:PORT",
-                   help="an existing mooncake_master (default: start one on 127.0.0.1)")
-
-
-def _mutate_args(p: argparse.ArgumentParser) -> None:
+def register_mutate(sub: Any) -> None:
     from tailproof.conformance.mutate.cli import add_arguments
 
-    add_arguments(p)
+    mu = _sub(sub, "mutate", "score the suite against mutants of vLLM 0.33's own partial-tail "
+              "code (corpus plus the generators' fixed budget)", cmd_mutate)
+    mu.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    add_arguments(mu)
 
 
-def _cmd_mutate(args: argparse.Namespace) -> int:
-    from tailproof.conformance.mutate.cli import cmd_mutate
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from tailproof.conformance import doctor
 
-    return cmd_mutate(args)
+    if args.json:
+        print(json.dumps(doctor.report(), indent=2))
+    else:
+        print(doctor.render(doctor.collect()[1]))
+    return OK
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tailproof", description=__doc__)
-    sub = p.add_subparsers(dest="cmd", required=True)
-    c = sub.add_parser("check", help="run the corpus on every installed adapter, then prove")
-    c.add_argument("--adapters", help="comma-separated subset of adapters")
-    c.add_argument("--no-prove", action="store_true", help="skip the spec's proofs")
-    c.add_argument("--json", action="store_true")
-    c.add_argument("--mutate", action="store_true",
-                   help="also score the suite against the vLLM mutant catalog (slow)")
-    _store_args(c)
-    c.set_defaults(func=cmd_check)
-    r = sub.add_parser("replay", help="replay traces on adapters and compare observations")
-    r.add_argument("traces", nargs="+")
-    r.add_argument("--against", default="reference,vllm")
-    r.add_argument("--strict-ids", action="store_true", help="compare block ids exactly")
-    r.add_argument("--json", action="store_true")
-    _store_args(r)
-    r.set_defaults(func=cmd_replay)
-    rec = sub.add_parser("record", help="write one adapter's observations as expectations")
-    rec.add_argument("traces", nargs="+")
-    rec.add_argument("--adapter", default="vllm")
-    rec.add_argument("--overwrite", action="store_true")
-    rec.set_defaults(func=cmd_record)
-    v = sub.add_parser("validate", help="validate traces without running them")
-    v.add_argument("traces", nargs="+")
-    v.set_defaults(func=cmd_validate)
-    mu = sub.add_parser("mutate", help="score the suite against mutants of vLLM's own code")
-    mu.add_argument("--json", action="store_true")
-    _mutate_args(mu)
-    mu.set_defaults(func=_cmd_mutate)
-    pr = sub.add_parser("prove", help="run the spec's lemmas, bounded check and mutants")
-    pr.add_argument("rest", nargs=argparse.REMAINDER)
-    pr.set_defaults(func=cmd_prove)
+def register_doctor(sub: Any) -> None:
+    d = _sub(sub, "doctor", "show the installed vLLM, torch, z3, hypothesis, Mooncake and "
+             "libibverbs, and what each enables", cmd_doctor)
+    d.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    from tailproof.conformance import stats
+
+    if args.timeout <= 0:
+        raise UsageError(f"--timeout must be > 0, got {args.timeout}", "pass seconds, e.g. 5")
+    url, s = stats.read_stats(args.url, args.timeout)
+    print(json.dumps(s, indent=2) if args.json else stats.render(s, url))
+    return OK
+
+
+def register_stats(sub: Any) -> None:
+    s = _sub(sub, "stats", "read a running engine's /metrics and print the connector's "
+             "lookups, hit split, puts/gets, failures and pinned blocks", cmd_stats)
+    s.add_argument("url", metavar="URL",
+                   help="the engine's address or metrics URL, e.g. http://127.0.0.1:8000")
+    s.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the engine")
+    s.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+
+
+#: one entry per subcommand, in --help order (a new subcommand adds one register_* here)
+SUBCOMMANDS: list[Callable[[Any], None]] = [
+    register_check, register_replay, register_validate, register_record, register_prove,
+    register_mutate, register_doctor, register_stats,
+]
+
+
+# --- parser ---------------------------------------------------------------------------------
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line and exit 2 through the CLI's contract."""
+
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        raise UsageError(f"{self.prog}: {message}", f"see {self.prog} --help")
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """Shows each option's default (a flag's as "off"; an unset value's where the help does
+    not already say what unset means); keeps the descriptions' line breaks."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if not action.option_strings or action.default is argparse.SUPPRESS \
+                or "default" in text or action.nargs == 0 and action.const is None:
+            return text
+        if action.default is False:
+            return f"{text} (default: off)"
+        if action.default is None:
+            return text if "unset:" in text else f"{text} (default: none)"
+        return f"{text} (default: {action.default})"
+
+
+def _sub(sub: Any, name: str, summary: str, func: Callable[[argparse.Namespace], int]) -> Any:
+    p = sub.add_parser(name, help=summary, description=summary[0].upper() + summary[1:] + ".",
+                       formatter_class=_Formatter)
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                   help="show the Python traceback of an error (default: off)")
+    p.set_defaults(func=func)
     return p
 
 
+def _report_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true",
+                   help="print exactly one JSON document on stdout (all text goes to stderr); "
+                        "schema: conformance/schema/report.schema.json")
+    p.add_argument("--junit", default=None, metavar="FILE",
+                   help="also write the results as JUnit XML to FILE")
+
+
+def _check_junit(args: argparse.Namespace) -> None:
+    if args.junit:
+        parent = Path(args.junit).resolve().parent
+        if not parent.is_dir():
+            raise UsageError(f"--junit: directory {parent} does not exist", "create it first")
+
+
+def _store_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--store", choices=["memory", "mooncake"], default=None,
+                   help="store behind the impl adapter (unset: memory)")
+    p.add_argument("--mooncake-master", metavar="HOST:PORT", default=None,
+                   help="an existing mooncake_master (unset: start one on 127.0.0.1)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default=None,
+                   help="device of the impl adapter's KV tensors (unset: cuda if available)")
+
+
+def build_parser() -> Parser:
+    p = Parser(prog="tailproof", description=__doc__, formatter_class=_Formatter)
+    p.add_argument("--version", action="version", version=f"tailproof {__version__}")
+    p.add_argument("--debug", action="store_true",
+                   help="show the Python traceback of an error")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND",
+                           parser_class=Parser)
+    for register in SUBCOMMANDS:
+        register(sub)
+    return p
+
+
+# --- entry ----------------------------------------------------------------------------------
+
+
+def _error_line(e: BaseException) -> tuple[str, str | None]:
+    """Cause and fix of an error that reaches main."""
+    if isinstance(e, UsageError):
+        return e.cause, e.fix
+    if isinstance(e, TraceError):
+        return str(e), "correct the trace (docs/trace-format.md)"
+    if isinstance(e, AdapterUnavailable):
+        return f"adapter not available: {e}", "./scripts/bootstrap.sh"
+    from tailproof.conformance.environment import classify
+
+    return classify(e)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Console entry (``tailproof``): run one subcommand under the exit-code contract."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["prove"]:  # the prover parses its own options (--json, --quick, ...)
-        rest = argv[1:]
-        return cmd_prove(argparse.Namespace(rest=rest[1:] if rest[:1] == ["--"] else rest))
-    args = build_parser().parse_args(argv)
+    debug = "--debug" in argv
     try:
+        args = build_parser().parse_args(argv)
         return args.func(args)
-    except TraceError as e:
-        print(f"tailproof: {e}", file=sys.stderr)
-        return 2
-    except AdapterUnavailable as e:
-        print(f"tailproof: adapter not available: {e}", file=sys.stderr)
-        return 2
+    except KeyboardInterrupt:
+        print("tailproof: interrupted", file=sys.stderr)
+        return 130
+    except SystemExit as e:  # --help / --version
+        return e.code if isinstance(e.code, int) else OK
+    except Exception as e:  # noqa: BLE001 - the contract: one line, never a traceback
+        if debug:
+            raise
+        cause, fix = _error_line(e)
+        if fix is None:  # not a user error: a bug in tailproof
+            print(f"tailproof: internal error: {cause} (a bug in tailproof; rerun with --debug "
+                  "for the traceback and report it)", file=sys.stderr)
+            return INTERNAL
+        print(f"tailproof: {UsageError(cause, fix).line()}", file=sys.stderr)
+        return USAGE
 
 
 if __name__ == "__main__":

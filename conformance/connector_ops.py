@@ -7,9 +7,14 @@ See ``docs/connector-ops.md`` for the meaning of every op and observation.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tailproof.conformance.ops import ANY, KEYS, NAT, NAT_OR_NULL, RID, Field
+from tailproof.reference.connector.config import ConnectorConfig
+from tailproof.reference.connector.lookup import arbitrate
+
+if TYPE_CHECKING:
+    from tailproof.conformance.driver import CoreDriver
 
 CONNECTOR_OP_SPECS: dict[str, dict[str, Field]] = {
     # build_connector_meta: the step's scheduled requests and hand-offs -> store jobs
@@ -142,29 +147,22 @@ def offload_obs(offloads: dict[str, list[tuple[int, int, int]]]) -> list[dict[st
             for rid, entries in offloads.items() for g, blk, b in entries]
 
 
-def take_offloads(driver: Any) -> dict[str, list[tuple[int, int, int]]]:
-    """This step's boundary hand-offs: those drained by ``drain_offloads`` ops since the last
-    ``conn_step`` plus whatever is still pending in the core (vLLM drains every step, SC:1681)."""
-    flat = list(getattr(driver, "undelivered_offloads", []))
-    if hasattr(driver, "undelivered_offloads"):
-        driver.undelivered_offloads.clear()
-    flat += driver.core.drain_offloads()
-    out: dict[str, list[tuple[int, int, int]]] = {}
-    for rid, g, blk, b in flat:
-        out.setdefault(rid, []).append((g, blk, b))
-    return out
-
-
 class ConnectorAdapter:
     """What both connector adapters share: op dispatch, the scheduler's per-request
     bookkeeping around the connector (new / running / resumed, the external tokens chosen by
-    the last ``sched_lookup``), and observation assembly. Subclasses run the model."""
+    the last ``sched_lookup``), and observation assembly. Subclasses run the model.
+
+    One way: ops come in with the driver, whose step bookkeeping and core backend are read
+    through their explicit methods only; the scheduler rules around the connector come from
+    ``tailproof.reference.connector`` (``arbitrate``, ``ConnectorConfig``) and the core
+    backend (``block_ids_for_computed_tokens``, ``truncate_pending``)."""
 
     ops = CONNECTOR_OPS
 
     def __init__(self, config: Any) -> None:
         self.trace_config = config
         self.conf = connector_config(config)
+        self.role = ConnectorConfig.from_doc(self.conf)
         self.lcm = config.scheduler_block_size
         self.running: set[str] = set()
         self.preempted: set[str] = set()
@@ -172,23 +170,22 @@ class ConnectorAdapter:
 
     @property
     def can_put(self) -> bool:
-        """``MooncakeStoreWorker.can_put`` (MW:1394): producers, or consumers saving decode."""
-        return self.conf["role"] != "consumer" or self.conf["save_decode_cache"]
+        return self.role.can_put
 
-    def apply(self, op: dict[str, Any], driver: Any) -> dict[str, Any]:
+    def apply(self, op: dict[str, Any], driver: CoreDriver) -> dict[str, Any]:
         return getattr(self, f"_op_{op['op']}")(op, driver)
 
     # --- conn_step ---------------------------------------------------------------------
 
-    def _op_conn_step(self, op: dict[str, Any], driver: Any) -> dict[str, Any]:
-        scheduled = scheduled_arg(op["scheduled"], getattr(driver, "step_scheduled", {}))
+    def _op_conn_step(self, op: dict[str, Any], driver: CoreDriver) -> dict[str, Any]:
+        scheduled = scheduled_arg(op["scheduled"], driver.step_scheduled)
         finished = rid_set(op["finished"], "finished")
         preempted = rid_set(op["preempted"], "preempted")
         for rid in finished | preempted:
             self.running.discard(rid)
             self.preempted.discard(rid)
         self.preempted |= preempted
-        offloads = take_offloads(driver)
+        offloads = driver.take_step_offloads()
         for rid, g, b, blk in offer_arg(op["offer"]):
             offloads.setdefault(rid, []).append((g, blk, b))
         rows = []
@@ -200,11 +197,11 @@ class ConnectorAdapter:
             else:
                 kind = "new"
             if kind == "running":
-                ids = getattr(driver, "step_allocations", {}).get(rid)
+                ids = driver.step_allocations.get(rid)
                 block_ids = tuple(list(g) for g in ids) if ids else ()
             else:
                 block_ids = tuple(list(g) for g in driver.core.table(rid))
-                self.after_alloc(driver, rid, block_ids, self.externals.pop(rid, 0))
+                self.after_alloc(rid, block_ids, self.externals.pop(rid, 0))
             computed = driver.core.get(rid).num_computed_tokens
             rows.append((rid, n, kind, block_ids, computed))
         for rid in scheduled:
@@ -215,25 +212,21 @@ class ConnectorAdapter:
         def table(rid: str) -> tuple[list[int], ...] | None:
             return tuple(driver.core.table(rid)) if rid in req_ids else None
 
-        jobs, loads = self.build(driver, rows, finished, preempted, offloads, table)
+        jobs, loads = self.build(rows, finished, preempted, offloads, table)
         return {"offered": offload_obs(offloads), "jobs": jobs, "loads": loads,
                 "held": held_obs(self.pinned())}
 
     # --- conn_finish -------------------------------------------------------------------
 
-    def _op_conn_finish(self, op: dict[str, Any], driver: Any) -> dict[str, Any]:
+    def _op_conn_finish(self, op: dict[str, Any], driver: CoreDriver) -> dict[str, Any]:
         """``Scheduler._connector_finished`` (SC:3349-3402): finalize (producers only), drop
         out-of-window blocks, clip the tables to the computed tokens, register the tail."""
         rid = op["rid"]
-        producer = self.conf["role"] in ("producer", "both")
-        tails = driver.core.finalize_tail(rid) if producer else []
-        self.remove_skipped(driver, rid)
-        view = driver.core.get(rid)
-        table = driver.core.table(rid)
-        block_ids = tuple(
-            ids if g.kind == "mamba_align" else ids[:-(-view.num_computed_tokens // g.block_size)]
-            for g, ids in zip(self.trace_config.groups, table, strict=True))
-        job = self.register(driver, rid, block_ids, tails) if tails else None
+        core = driver.core
+        tails = core.finalize_tail(rid) if self.role.is_producer else []
+        core.remove_skipped(rid)
+        block_ids = tuple(core.block_ids_for_computed_tokens(rid))
+        job = self.register(rid, block_ids, tails) if tails else None
         out: dict[str, Any] = {"tails": [{"group": g, "boundary": b, "block": blk}
                                          for g, blk, b in tails], "delay": False}
         out["job"] = job
@@ -242,15 +235,15 @@ class ConnectorAdapter:
 
     # --- workers -----------------------------------------------------------------------
 
-    def _op_worker_run(self, op: dict[str, Any], driver: Any) -> dict[str, Any]:
+    def _op_worker_run(self, op: dict[str, Any], driver: CoreDriver) -> dict[str, Any]:
         w = op["worker"]
         if w >= self.conf["num_workers"]:
             raise ValueError(f"worker {w} out of range")
         script = op["store"]
-        jobs = self.run_worker(driver, w, op["n"], script)
+        jobs = self.run_worker(w, op["n"], script)
         return {"jobs": jobs, **self.worker_state(w)}
 
-    def _op_worker_report(self, op: dict[str, Any], driver: Any) -> dict[str, Any]:
+    def _op_worker_report(self, op: dict[str, Any], driver: CoreDriver) -> dict[str, Any]:
         workers = workers_arg(op["workers"], self.conf["num_workers"])
         total: dict[int, int] = {}
         for w in workers:
@@ -262,62 +255,52 @@ class ConnectorAdapter:
 
     # --- lookups -----------------------------------------------------------------------
 
-    def _op_store_lookup(self, op: dict[str, Any], driver: Any) -> dict[str, Any]:
+    def _op_store_lookup(self, op: dict[str, Any], driver: CoreDriver) -> dict[str, Any]:
         n = op["num_tokens"]
         if n is None:
             n = driver.core.get(op["rid"]).num_tokens
-        hit, tails = self.store_lookup(driver, op["rid"], n)
+        hit, tails = self.store_lookup(op["rid"], n)
         return {"hit": hit, "tails": [list(t) for t in tails]}
 
-    def _op_sched_lookup(self, op: dict[str, Any], driver: Any) -> dict[str, Any]:
+    def _op_sched_lookup(self, op: dict[str, Any], driver: CoreDriver) -> dict[str, Any]:
         rid = op["rid"]
-        local = op["local"] if op["local"] is not None else driver.hits.get(rid, 0)
-        aligned = local - local % self.lcm
-        ext, load_async = self.matched(driver, rid, aligned)
+        local = op["local"] if op["local"] is not None else driver.pending_hit(rid)
+        ext, load_async = self.matched(rid, local - local % self.lcm)
         if ext is None:
             return {"ext": None}
-        partial_tail = local % self.lcm
-        if partial_tail and ext > partial_tail:  # SC:1166-1177: remote strictly longer
-            local_out, external, truncated = aligned, ext, True
-            # Cut the pending local hit back to the block-aligned prefix, as the scheduler
-            # does before allocating (truncate_computed_blocks, KM:809-840).
-            self.truncate_pending(driver, rid, aligned)
-            driver.hits[rid] = aligned
-        elif partial_tail:  # SC:1178-1184: keep the local sub-block tail, load nothing
-            local_out, external, truncated, load_async = local, 0, False, False
-        else:
-            local_out, external, truncated = local, ext, False
-        self.externals[rid] = external
-        return {"ext": ext, "async": load_async, "local": local_out, "external": external,
-                "truncated": truncated}
+        arb = arbitrate(local, self.lcm, ext, load_async)
+        if arb.truncated:
+            driver.truncate_pending_hit(rid, arb.local)
+        self.externals[rid] = arb.external
+        return {"ext": ext, "async": arb.load_async, "local": arb.local,
+                "external": arb.external, "truncated": arb.truncated}
 
     # --- store scaffolding and inspection ----------------------------------------------
 
-    def _op_store_seed(self, op: dict[str, Any], driver: Any) -> dict[str, Any]:
+    def _op_store_seed(self, op: dict[str, Any], driver: CoreDriver) -> dict[str, Any]:
         workers = workers_arg(op["workers"], self.conf["num_workers"])
-        return {"n": self.seed(driver, op["rid"], [tuple(k) for k in op["keys"]], workers,
+        return {"n": self.seed(op["rid"], [tuple(k) for k in op["keys"]], workers,
                                remove=False)}
 
-    def _op_store_remove(self, op: dict[str, Any], driver: Any) -> dict[str, Any]:
+    def _op_store_remove(self, op: dict[str, Any], driver: CoreDriver) -> dict[str, Any]:
         workers = workers_arg(op["workers"], self.conf["num_workers"])
-        return {"n": self.seed(driver, op["rid"], [tuple(k) for k in op["keys"]], workers,
+        return {"n": self.seed(op["rid"], [tuple(k) for k in op["keys"]], workers,
                                remove=True)}
 
-    def _op_store_keys(self, op: dict[str, Any], driver: Any) -> dict[str, Any]:
+    def _op_store_keys(self, op: dict[str, Any], driver: CoreDriver) -> dict[str, Any]:
         return {"store": sorted([list(t) for t in self.store_tags()])}
 
-    def _op_conn_state(self, op: dict[str, Any], driver: Any) -> dict[str, Any]:
+    def _op_conn_state(self, op: dict[str, Any], driver: CoreDriver) -> dict[str, Any]:
         return {"held": held_obs(self.pinned()), "pending_push": bool(self.pinned()),
                 "trackers": self.trackers(),
                 "workers": [self.worker_state(w) for w in range(self.conf["num_workers"])]}
 
     # --- implemented by each adapter ---------------------------------------------------
 
-    def after_alloc(self, driver: Any, rid: str, table: tuple[list[int], ...],
-                    external: int) -> None:
+    def after_alloc(self, rid: str, table: tuple[list[int], ...], external: int) -> None:
         raise NotImplementedError
 
-    def build(self, driver: Any, rows: list[tuple[str, int, str, tuple[list[int], ...], int]],
+    def build(self, rows: list[tuple[str, int, str, tuple[list[int], ...], int]],
               finished: set[str], preempted: set[str],
               offloads: dict[str, list[tuple[int, int, int]]],
               table: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -326,15 +309,11 @@ class ConnectorAdapter:
     def pinned(self) -> dict[int, tuple[list[int], int]]:
         raise NotImplementedError
 
-    def remove_skipped(self, driver: Any, rid: str) -> None:
-        driver.core.remove_skipped(rid)
-
-    def register(self, driver: Any, rid: str, block_ids: tuple[list[int], ...],
-                 tails: list[tuple[int, int, int]]) -> int | None:
+    def register(self, rid: str, block_ids: tuple[list[int], ...],
+                 tails: list[tuple[int, int, int]]) -> dict[str, Any] | None:
         raise NotImplementedError
 
-    def run_worker(self, driver: Any, w: int, n: int | None,
-                   script: Any) -> list[dict[str, Any]]:
+    def run_worker(self, w: int, n: int | None, script: Any) -> list[dict[str, Any]]:
         raise NotImplementedError
 
     def worker_state(self, w: int) -> dict[str, Any]:
@@ -346,24 +325,18 @@ class ConnectorAdapter:
     def report(self, completed: dict[int, int]) -> list[int]:
         raise NotImplementedError
 
-    def store_lookup(self, driver: Any, rid: str, n: int) -> tuple[int, list[tuple[int, int]]]:
+    def store_lookup(self, rid: str, n: int) -> tuple[int, list[tuple[int, int]]]:
         raise NotImplementedError
 
-    def matched(self, driver: Any, rid: str, num_computed: int) -> tuple[int | None, bool]:
+    def matched(self, rid: str, num_computed: int) -> tuple[int | None, bool]:
         raise NotImplementedError
 
-    def seed(self, driver: Any, rid: str, keys: list[tuple[int, ...]], workers: list[int],
+    def seed(self, rid: str, keys: list[tuple[int, ...]], workers: list[int],
              remove: bool) -> int:
         raise NotImplementedError
 
     def store_tags(self) -> list[tuple[int, int, int, str]]:
         raise NotImplementedError
-
-    def truncate_pending(self, driver: Any, rid: str, n: int) -> None:
-        """Replace the core's pending hit of ``rid`` by its first ``n`` tokens."""
-        core = driver.core
-        blocks, _ = core.pending[rid]
-        core.pending[rid] = (core.manager.truncate_computed_blocks(blocks, n), n)
 
     def trackers(self) -> dict[str, dict[str, Any]]:
         raise NotImplementedError

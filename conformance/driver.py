@@ -53,6 +53,29 @@ class CoreDriver:
         self.skipped: list[str] = []
         self.detached = False
 
+    # -- what connector ops read and change of the scheduler's bookkeeping ------------------
+    def pending_hit(self, rid: str) -> int:
+        """The local hit of the request's last ``lookup`` not yet consumed by an allocation."""
+        return self.hits.get(rid, 0)
+
+    def truncate_pending_hit(self, rid: str, num_tokens: int) -> None:
+        """Cut the pending local hit back to ``num_tokens``, as ``Scheduler.schedule`` does
+        when a remote hit replaces a local sub-block tail (``reference.connector.lookup.
+        arbitrate``; ``truncate_computed_blocks``, KM:809-840)."""
+        self.core.truncate_pending(rid, num_tokens)
+        self.hits[rid] = num_tokens
+
+    def take_step_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
+        """This step's boundary hand-offs, per request: those drained by ``drain_offloads`` ops
+        since the last call plus whatever is still pending in the core (vLLM drains every step,
+        SC:1681)."""
+        flat, self.undelivered_offloads = self.undelivered_offloads, []
+        flat += self.core.drain_offloads()
+        out: dict[str, list[tuple[int, int, int]]] = {}
+        for rid, g, blk, b in flat:
+            out.setdefault(rid, []).append((g, blk, b))
+        return out
+
     def supports(self, name: str) -> bool:
         return name in CORE_OPS or (self.connector is not None and name in self.connector.ops)
 

@@ -62,15 +62,8 @@ CORE_OPS: dict[str, dict[str, Field]] = {
 
 
 def all_op_specs() -> dict[str, dict[str, Field]]:
-    """Core ops plus the connector ops, if that module is present."""
-    specs = dict(CORE_OPS)
-    try:
-        from tailproof.conformance.connector_ops import CONNECTOR_OP_SPECS
-    except ImportError:
-        return specs
-    specs.update(CONNECTOR_OP_SPECS)
-    return specs
+    """Core ops plus the connector ops (``connector_ops.py``, imported here: it imports this
+    module)."""
+    from tailproof.conformance.connector_ops import CONNECTOR_OP_SPECS
 
-
-def connector_op_names() -> frozenset[str]:
-    return frozenset(all_op_specs()) - frozenset(CORE_OPS)
+    return {**CORE_OPS, **CONNECTOR_OP_SPECS}

@@ -65,13 +65,15 @@ def _canon_stream(stream: list[dict[str, Any] | None], strict: bool) -> list[Any
     return [None if o is None else r.canon(o) for o in stream]
 
 
-def run_trace(trace: Trace, adapters: list[str], strict: bool = False) -> CaseResult:
+def run_trace(trace: Trace, adapters: list[str], strict: bool = False,
+              options: dict[str, dict[str, Any]] | None = None) -> CaseResult:
     """Run ``trace`` on each adapter (fresh state each) and collect divergences: each adapter
-    against the expectations, then each adapter against the first one, first op only."""
+    against the expectations, then each adapter against the first one, first op only.
+    ``options`` maps an adapter name to its ``make_driver`` options."""
     t0 = time.perf_counter()
     result = CaseResult(trace, list(adapters))
     for name in adapters:
-        driver = make_driver(name, trace.config)
+        driver = make_driver(name, trace.config, (options or {}).get(name))
         result.observations[name] = [driver.apply(op) for op in trace.ops]
         result.unsupported[name] = sorted({op["op"] for op in trace.ops
                                            if not driver.supports(op["op"])})

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from math import gcd
 from pathlib import Path
 from typing import Any
 
+from tailproof.conformance import limits
 from tailproof.conformance import ops as opspec
 from tailproof.conformance.tokens import TokenError, expand
+from tailproof.conformance.trace_checks import CheckError, check_config, check_ops
+from tailproof.spec.arithmetic import lcm_all
 
 FORMAT_TAG = "tailproof-trace/1"
 GROUP_KINDS = ("full_attention", "mamba_align")
@@ -53,17 +55,7 @@ class TraceConfig:
 
     @property
     def scheduler_block_size(self) -> int:
-        out = 1
-        for s in self.block_sizes:
-            out = out * s // gcd(out, s)
-        return out
-
-    @property
-    def partial_hits(self) -> bool:
-        """vLLM's ``partial_hash_hits_enabled`` for FA + Mamba-align groups: some Mamba group
-        has a block larger than h (FA and Mamba managers both support fine-grained lookup)."""
-        return self.enable_caching and any(
-            g.is_mamba and g.block_size > self.hash_block_size for g in self.groups)
+        return lcm_all(self.block_sizes)
 
 
 @dataclass
@@ -166,10 +158,8 @@ def _parse_config(doc: Any, source: str) -> TraceConfig:
 def _validate_connector(doc: Any, source: str) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise _err(source, "config.connector", "must be an object")
-    try:
-        from tailproof.conformance.connector_ops import validate_connector_config
-    except ImportError:
-        return doc
+    from tailproof.conformance.connector_ops import validate_connector_config  # import cycle
+
     try:
         return validate_connector_config(doc)
     except ValueError as e:
@@ -203,32 +193,26 @@ def _check_field(kind: str, v: Any) -> str | None:
     return None  # TOKENS are checked by expand(); ANY by the op's owner
 
 
-def parse_trace(doc: Any, source: str = "<trace>") -> Trace:
-    """Validate a decoded trace document and return it with normalised ops."""
-    if not isinstance(doc, dict):
-        raise _err(source, "trace", "must be a JSON object")
-    if doc.get("format") != FORMAT_TAG:
-        raise _err(source, "format", f"expected {FORMAT_TAG!r}, got {doc.get('format')!r}")
-    extra = sorted(set(doc) - {"format", "name", "description", "config", "ops", "notes"})
-    if extra:
-        raise _err(source, extra[0], "unknown top-level key")
-    config = _parse_config(doc.get("config"), source)
-    ops_doc = doc.get("ops")
-    if not isinstance(ops_doc, list):
-        raise _err(source, "ops", "must be a list")
-    specs = opspec.all_op_specs()
-    prompts: dict[str, list[int]] = {}
-    live: set[str] = set()
-    known: set[str] = set()
-    out: list[dict[str, Any]] = []
-    for i, op in enumerate(ops_doc):
-        where = f"ops[{i}]"
+class OpReader:
+    """Validates and normalises a trace's ops one at a time, in order, tracking the requests
+    they name; the loader reads a whole trace with it, a lockstep run one op as it is written."""
+
+    def __init__(self, source: str = "<trace>") -> None:
+        self.source = source
+        self.specs = opspec.all_op_specs()
+        self.prompts: dict[str, list[int]] = {}  # expanded prompt of every request added
+        self.live: set[str] = set()
+        self.known: set[str] = set()
+
+    def read(self, i: int, op: Any) -> dict[str, Any]:
+        """The normalised op ``ops[i]`` (every field present, tokens expanded)."""
+        source, where = self.source, f"ops[{i}]"
         if not isinstance(op, dict):
             raise _err(source, where, "must be an object")
         name = op.get("op")
-        if name not in specs:
+        if not isinstance(name, str) or name not in self.specs:
             raise _err(source, f"{where}.op", f"unknown op {name!r}")
-        spec = specs[name]
+        spec = self.specs[name]
         extra = sorted(set(op) - set(spec) - {"op", "expect", "comment"})
         if extra:
             raise _err(source, f"{where}.{extra[0]}", f"unknown field for op {name!r}")
@@ -239,38 +223,69 @@ def parse_trace(doc: Any, source: str = "<trace>") -> Trace:
                     raise _err(source, f"{where}.{fname}", f"required by op {name!r}")
                 norm[fname] = f.default
                 continue
-            v = op[fname]
-            problem = _check_field(f.kind, v)
-            if problem:
-                raise _err(source, f"{where}.{fname}", problem)
-            if f.kind == opspec.RID and v not in known:
-                raise _err(source, f"{where}.{fname}", f"unknown request id {v!r}")
-            if f.kind == opspec.TOKENS:
-                try:
-                    v = expand(v, prompts)
-                except TokenError as e:
-                    raise _err(source, f"{where}.{fname}", str(e)) from None
-            norm[fname] = v
+            norm[fname] = self._field(f"{where}.{fname}", f.kind, op[fname])
+        self._track(where, norm)
+        for key in ("expect", "comment"):
+            if key in op:
+                if key == "expect" and not isinstance(op[key], dict):
+                    raise _err(source, f"{where}.expect", "must be an object")
+                norm[key] = op[key]
+        return norm
+
+    def _field(self, where: str, kind: str, v: Any) -> Any:
+        problem = _check_field(kind, v)
+        if problem:
+            raise _err(self.source, where, problem)
+        if kind == opspec.RID and v not in self.known:
+            raise _err(self.source, where, f"unknown request id {v!r}")
+        if kind == opspec.TOKENS:
+            try:
+                return expand(v, self.prompts)
+            except TokenError as e:
+                raise _err(self.source, where, str(e)) from None
+        return v
+
+    def _track(self, where: str, norm: dict[str, Any]) -> None:
+        name = norm["op"]
         if name == "add_request":
             rid = norm["rid"]
-            if rid in live:
-                raise _err(source, f"{where}.rid", f"request {rid!r} is still live (free it first)")
+            if rid in self.live:
+                raise _err(self.source, f"{where}.rid",
+                           f"request {rid!r} is still live (free it first)")
             if not norm["tokens"]:
-                raise _err(source, f"{where}.tokens", "a prompt needs at least one token")
-            prompts[rid] = norm["tokens"]
-            live.add(rid)
-            known.add(rid)
+                raise _err(self.source, f"{where}.tokens", "a prompt needs at least one token")
+            self.prompts[rid] = norm["tokens"]
+            self.live.add(rid)
+            self.known.add(rid)
         elif name == "free":
-            live.discard(norm["rid"])
+            self.live.discard(norm["rid"])
         if name == "evict" and (norm["blocks"] is None) == (norm["keys"] is None):
-            raise _err(source, f"{where}.blocks", "evict takes exactly one of blocks or keys")
-        if "expect" in op:
-            if not isinstance(op["expect"], dict):
-                raise _err(source, f"{where}.expect", "must be an object")
-            norm["expect"] = op["expect"]
-        if "comment" in op:
-            norm["comment"] = op["comment"]
-        out.append(norm)
+            raise _err(self.source, f"{where}.blocks", "evict takes exactly one of blocks or keys")
+
+
+def parse_trace(doc: Any, source: str = "<trace>") -> Trace:
+    """Validate a decoded trace document and return it with normalised ops."""
+    if not isinstance(doc, dict):
+        raise _err(source, "trace", "must be a JSON object")
+    if doc.get("format") != FORMAT_TAG:
+        raise _err(source, "format", f"expected {FORMAT_TAG!r}, got {doc.get('format')!r}")
+    extra = sorted(set(doc) - {"format", "name", "description", "config", "ops", "notes"})
+    if extra:
+        raise _err(source, extra[0], "unknown top-level key")
+    config = _parse_config(doc.get("config"), source)
+    try:
+        check_config(config)
+    except CheckError as e:
+        raise TraceError(f"{source}: {e}") from None
+    ops_doc = doc.get("ops")
+    if not isinstance(ops_doc, list):
+        raise _err(source, "ops", "must be a list")
+    reader = OpReader(source)
+    out = [reader.read(i, op) for i, op in enumerate(ops_doc)]
+    try:
+        check_ops(out, config)
+    except CheckError as e:
+        raise TraceError(f"{source}: {e}") from None
     name = doc.get("name") or Path(source).stem
     return Trace(str(name), str(doc.get("description", "")), config, out, source, doc)
 
@@ -279,12 +294,25 @@ def load_trace(path: str | Path) -> Trace:
     """Read and validate one trace file."""
     p = Path(path)
     try:
-        text = p.read_text()
+        if p.stat().st_size > limits.MAX_FILE_BYTES:
+            raise TraceError(f"{p}: larger than {limits.MAX_FILE_BYTES} bytes (the limit)")
+        text = p.read_bytes().decode("utf-8")
     except OSError as e:
-        raise TraceError(f"{p}: cannot read: {e.strerror}") from None
+        raise TraceError(f"{p}: cannot read: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise TraceError(f"{p}: not UTF-8 text (byte {e.start}): a trace is a JSON file") \
+            from None
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
         where = f"line {e.lineno} column {e.colno}"
         raise TraceError(f"{p}: invalid JSON at {where}: {e.msg}") from None
+    except RecursionError:
+        raise TraceError(f"{p}: nested deeper than {limits.MAX_DEPTH} levels (the limit)") \
+            from None
+    except ValueError as e:  # an int literal longer than Python's digit limit
+        raise TraceError(f"{p}: invalid JSON: {str(e).split(';')[0]}") from None
+    problem = limits.depth_problem(doc)
+    if problem:
+        raise TraceError(f"{p}: {problem} (the limit)")
     return parse_trace(doc, str(p))

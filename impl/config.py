@@ -74,11 +74,12 @@ _SETTING_TYPES: dict[str, type | tuple[type, ...]] = {
     "store": str,
     "namespace": str,
     "put_batch_size": int,
-    "staging_buffer_bytes": int,
     "enable_lookup": bool,
     "load_async": bool,
     "save_decode_cache": bool,
 }
+#: Size settings of the connector itself (same syntax as the store's: 67108864, "64MB", ...).
+_SIZE_SETTINGS = ("staging_buffer_bytes",)
 
 
 def _store_fields() -> set[str]:
@@ -103,11 +104,27 @@ def parse_settings(extra: dict[str, Any] | None, kv_role: str | None) -> Setting
     if role not in ROLES:
         problems.append(f"kv_role {role!r} is not one of {', '.join(ROLES)}")
     store_keys = _store_fields()
-    for key in sorted(set(extra) - set(_SETTING_TYPES) - store_keys):
+    own = set(_SETTING_TYPES) | set(_SIZE_SETTINGS)
+    for key in sorted(set(extra) - own - store_keys):
         problems.append(
             f"unknown key {key!r} in kv_connector_extra_config (known: "
-            f"{', '.join(sorted(set(_SETTING_TYPES) | store_keys))})"
+            f"{', '.join(sorted(own | store_keys))})"
         )
+    sizes: dict[str, int] = {}
+    for key in _SIZE_SETTINGS:
+        if key not in extra:
+            continue
+        from tailproof.impl.stores.config import check_size_fits, parse_size
+
+        try:
+            sizes[key] = parse_size(extra[key])
+        except ValueError as exc:
+            problems.append(f"{key}: {exc}")
+            continue
+        if sizes[key] <= 0:
+            problems.append(f"{key} must be positive, got {extra[key]!r}")
+        elif bad := check_size_fits(key, sizes[key]):
+            problems.append(bad)
     for key, typ in _SETTING_TYPES.items():
         if key not in extra:
             continue
@@ -118,7 +135,7 @@ def parse_settings(extra: dict[str, Any] | None, kv_role: str | None) -> Setting
     store = extra.get("store", "memory")
     if isinstance(store, str) and store not in STORE_KINDS:
         problems.append(f"store {store!r} is not one of {', '.join(STORE_KINDS)}")
-    for key in ("put_batch_size", "staging_buffer_bytes"):
+    for key in ("put_batch_size",):
         val = extra.get(key)
         if isinstance(val, int) and not isinstance(val, bool) and val <= 0:
             problems.append(f"{key} must be positive, got {val}")
@@ -131,7 +148,50 @@ def parse_settings(extra: dict[str, Any] | None, kv_role: str | None) -> Setting
     if problems:
         raise ConfigError(problems)
     kwargs = {k: extra[k] for k in _SETTING_TYPES if k in extra}
-    return Settings(kv_role=role, store_config=store_config, **kwargs)
+    return Settings(kv_role=role, store_config=store_config, **kwargs, **sizes)
+
+
+#: ``distributed_executor_backend`` values whose worker runs in the scheduler's process:
+#: vLLM 0.33 ``Executor.get_class`` maps them to ``UniProcExecutor`` and its subclass
+#: ``ExecutorWithExternalLauncher``; ``ParallelConfig.__post_init__`` picks "uni" for one GPU
+#: when none is set. "mp" (``MultiprocExecutor``) and "ray" start worker processes even at TP=1.
+IN_PROCESS_EXECUTORS = ("uni", "external_launcher")
+
+
+def _executor_name(backend: Any) -> str:
+    if isinstance(backend, str):
+        return backend
+    try:
+        from vllm.v1.executor.uniproc_executor import UniProcExecutor
+    except ImportError:
+        UniProcExecutor = None  # noqa: N806 - the class, when vLLM is importable
+    if isinstance(backend, type) and UniProcExecutor is not None \
+            and issubclass(backend, UniProcExecutor):
+        return "uni"
+    return getattr(backend, "__qualname__", repr(backend))
+
+
+def check_store_placement(store: str, parallel_config: Any) -> list[str]:
+    """Why ``store`` cannot serve this engine's process layout (empty when it can).
+
+    The memory store is a dict inside one process: the scheduler's lookups see the worker's
+    puts only when both run in the same process. Otherwise every lookup searches an empty
+    store and silently never hits, so the engine is refused at start-up instead.
+    """
+    if store != "memory":
+        return []
+    world = parallel_config.tensor_parallel_size * parallel_config.pipeline_parallel_size
+    if world > 1:
+        return [f"store 'memory' lives in one process, but this engine runs {world} worker "
+                "processes (tensor/pipeline parallel); use \"store\": \"mooncake\""]
+    backend = getattr(parallel_config, "distributed_executor_backend", None)
+    name = "uni" if backend is None else _executor_name(backend)
+    if name not in IN_PROCESS_EXECUTORS:
+        return [f"store 'memory' lives in one process, but distributed_executor_backend="
+                f"{name!r} runs the worker in another process than the scheduler (its lookups "
+                "would search an empty store and never hit); use \"store\": \"mooncake\", or "
+                "distributed_executor_backend=\"uni\" (one GPU, in-process worker)"]
+    return []
 
 
 def check_store_config(store_config: dict[str, Any]) -> list[str]:

@@ -42,9 +42,12 @@ from tailproof.impl.config import (
     ConfigError,
     Settings,
     StoreGeometry,
+    check_store_placement,
     geometry_from_vllm,
     parse_settings,
 )
+from tailproof.impl.fingerprint import Fingerprint, check_tensors, fingerprint_from_vllm
+from tailproof.impl.keys import INITIAL_EPOCH, KeySpace, new_epoch
 from tailproof.impl.lookup import StoreLookup
 from tailproof.impl.meta import TailproofMeta
 from tailproof.impl.metrics import (
@@ -55,6 +58,7 @@ from tailproof.impl.metrics import (
 )
 from tailproof.impl.scheduler_side import SchedulerSide
 from tailproof.impl.stores import Store, make_store
+from tailproof.impl.value_format import SecretError, secret_from_env
 from tailproof.impl.worker_side import WorkerSide
 
 logger = logging.getLogger(__name__)
@@ -130,10 +134,16 @@ class TailproofConnector(KVConnectorBase_V1, SupportsHMA):
         ns = self.settings.namespace
         if ns == "tailproof":
             ns = f"tailproof:{getattr(vllm_config.model_config, 'model', None) or 'model'}"
-        # Engines whose blocks differ in shape must never read each other's values: the
-        # geometry is part of every key (a mismatch is then a miss, not a size error).
-        geo_tag = "b" + "-".join(map(str, self.geo.block_sizes)) + f"h{self.geo.hash_block_size}"
-        self.settings = _with_namespace(self.settings, f"{ns}:{geo_tag}")
+        self.settings = _with_namespace(self.settings, ns)
+        # Engines whose bytes are not interchangeable must never read each other's values: the
+        # layout fingerprint is part of every key (a difference is then a miss).
+        self.fingerprint: Fingerprint = fingerprint_from_vllm(vllm_config, kv_cache_config,
+                                                              self.geo)
+        try:
+            self.secret = secret_from_env()
+        except SecretError as exc:
+            raise ConfigError([str(exc)]) from exc
+        self.epoch = INITIAL_EPOCH
         if not self.settings.load_async and len(kv_cache_config.kv_cache_groups) > 1:
             raise ConfigError([
                 "load_async=false needs a single KV cache group: a failed synchronous load is "
@@ -142,10 +152,9 @@ class TailproofConnector(KVConnectorBase_V1, SupportsHMA):
         par = vllm_config.parallel_config
         # Workers of this engine (TP x PP): each stores its own shard, each reports every job.
         self.world = par.tensor_parallel_size * par.pipeline_parallel_size
-        if self.world > 1 and self.settings.store == "memory":
-            raise ConfigError([
-                f"store 'memory' lives in one process, but this engine runs {self.world} worker "
-                "processes (tensor/pipeline parallel); use \"store\": \"mooncake\""])
+        placement = check_store_placement(self.settings.store, par)
+        if placement:
+            raise ConfigError(placement)
         dcp = par.decode_context_parallel_size
         self.coord = build_coordinator(self.geo, kv_cache_config, dcp)
         # Per-group EAGLE flags as vLLM's store coordinator merges them (spec groups).
@@ -156,18 +165,22 @@ class TailproofConnector(KVConnectorBase_V1, SupportsHMA):
         self.store: Store = acquire_store(store_config)
         self.scheduler_side: SchedulerSide | None = None
         self.worker_side: WorkerSide | None = None
+        self.keys = KeySpace(self.settings.namespace, self.fingerprint.digest,
+                             par.tensor_parallel_size)
         if role == KVConnectorRole.SCHEDULER:
-            lookup = StoreLookup(self.geo, self.coord, self.store.exists,
-                                 self.settings.namespace, self.world)
+            lookup = StoreLookup(self.geo, self.coord, self.store.exists, self.keys,
+                                 self.world)
             self.scheduler_side = SchedulerSide(self.settings, self.geo, lookup,
                                                 self.world, SchedulerMetrics())
         else:
             rank = _rank(par)
             self.worker_side = WorkerSide(
                 self.settings, self.geo, self.store, rank, self.world, self.coord,
-                WorkerMetrics())
-        logger.info("TailproofConnector %s: store=%s geometry=%s", role.name,
-                    self.settings.store, self.geo)
+                WorkerMetrics(), fingerprint=self.fingerprint, secret=self.secret,
+                tp_size=par.tensor_parallel_size)
+        logger.info("TailproofConnector %s: store=%s fingerprint=%s%s geometry=%s", role.name,
+                    self.settings.store, self.fingerprint.digest,
+                    " (values authenticated)" if self.secret else "", self.geo)
 
     # ------------------------------------------------------------------ scheduler role
 
@@ -187,7 +200,10 @@ class TailproofConnector(KVConnectorBase_V1, SupportsHMA):
         self._sched().update_state_after_alloc(request, blocks, num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
-        return self._sched().build_connector_meta(scheduler_output)
+        meta = self._sched().build_connector_meta(scheduler_output)
+        for job in [*meta.loads, *meta.stores]:  # keys of this engine's current epoch
+            job.epoch = self.epoch
+        return meta
 
     def update_connector_output(self, connector_output: Any) -> None:
         self._sched().update_connector_output(
@@ -213,14 +229,17 @@ class TailproofConnector(KVConnectorBase_V1, SupportsHMA):
         return self.scheduler_side is not None and self.scheduler_side.has_pending_push_work()
 
     def reset_cache(self) -> bool | None:
+        """Make this engine's stored KV unreachable for it: move to a fresh key epoch.
+
+        Nothing is removed: the pool may be shared with other engines (their keys stay
+        reachable), and this engine's old entries age out by the store's lease and eviction."""
         if self.scheduler_side is None:
             return None
         self.scheduler_side.reset()
-        try:
-            self.store.remove_all()
-        except Exception:  # a store must not crash a prefix-cache reset
-            logger.exception("store remove_all failed")
-            return False
+        self.epoch = new_epoch()
+        assert self.scheduler_side.lookup_client is not None
+        self.scheduler_side.lookup_client.epoch = self.epoch
+        logger.info("TailproofConnector: prefix cache reset; store key epoch now %s", self.epoch)
         return True
 
     # ------------------------------------------------------------------ worker role
@@ -230,9 +249,17 @@ class TailproofConnector(KVConnectorBase_V1, SupportsHMA):
         return self.worker_side
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
-        groups = [self._kv_cache_config.kv_cache_groups[g].layer_names
-                  for g in self.geo.core_group_ids]
-        self._worker().register_kv_caches(kv_caches, groups)
+        groups = [self._kv_cache_config.kv_cache_groups[g] for g in self.geo.core_group_ids]
+        worker = self._worker()
+        worker.register_kv_caches(kv_caches, [g.layer_names for g in groups])
+        assert worker.layout is not None
+        problems = check_tensors(worker.layout.layer_bytes, worker.layout.layer_itemsizes,
+                                 [(g.layer_names, g.kv_cache_spec) for g in groups])
+        if problems:
+            worker.close()
+            raise ConfigError(["the registered KV cache tensors do not match the layout the "
+                               "store keys describe (fingerprint "
+                               f"{self.fingerprint.digest}):", *problems])
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         meta = self._get_connector_metadata()

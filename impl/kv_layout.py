@@ -66,6 +66,9 @@ class KVLayout:
     ):
         self.num_blocks = num_blocks
         self.groups: list[list[Segment]] = []
+        # Per layer: bytes of one block and element sizes (checked against vLLM's specs).
+        self.layer_bytes: dict[str, int] = {}
+        self.layer_itemsizes: dict[str, list[int]] = {}
         for names in layer_groups:
             segs: list[Segment] = []
             for name in names:
@@ -75,7 +78,10 @@ class KVLayout:
                 tensors = [val] if isinstance(val, torch.Tensor) else list(val)
                 for t in tensors:
                     dim, ratio = find_block_dim(t, num_blocks)
-                    segs.append(Segment(t, dim, ratio))
+                    seg = Segment(t, dim, ratio)
+                    segs.append(seg)
+                    self.layer_bytes[name] = self.layer_bytes.get(name, 0) + seg.block_nbytes
+                    self.layer_itemsizes.setdefault(name, []).append(t.element_size())
             self.groups.append(segs)
         self.block_nbytes = [sum(s.block_nbytes for s in segs) for segs in self.groups]
         devs = {s.tensor.device for segs in self.groups for s in segs}
@@ -99,11 +105,6 @@ class KVLayout:
         if not parts:
             return torch.empty((n, 0), dtype=torch.uint8)
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
-
-    def gather_into(self, group: int, block_ids: Sequence[int], out: torch.Tensor) -> None:
-        """Copy the blocks into ``out`` (a CPU uint8 view of ``n * block_nbytes``); blocking."""
-        data = self.gather(group, block_ids)
-        out.view(len(block_ids), -1).copy_(data)
 
     def scatter(self, group: int, block_ids: Sequence[int], data: torch.Tensor) -> None:
         """Write ``data`` (``n * block_nbytes`` uint8, any device) into the given blocks."""

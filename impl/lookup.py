@@ -23,7 +23,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.coordinator imp
 )
 
 from tailproof.impl.config import StoreGeometry
-from tailproof.impl.meta import TailKeyBoundary, store_key
+from tailproof.impl.keys import INITIAL_EPOCH, KeySpace
+from tailproof.impl.meta import TailKeyBoundary
 from tailproof.spec.arithmetic import cdiv
 
 ExistsFn = Callable[[Sequence[str]], list[bool]]
@@ -43,13 +44,14 @@ class StoreLookup:
 
     def __init__(
         self, geo: StoreGeometry, coord: MooncakeStoreCoordinator, exists: ExistsFn,
-        namespace: str, world_size: int,
+        keys: KeySpace, world_size: int,
     ):
         self.geo = geo
         self.coord = coord
         self.exists = exists
-        self.namespace = namespace
+        self.keys = keys
         self.world = world_size
+        self.epoch = INITIAL_EPOCH  # moved by a prefix-cache reset (``keys.new_epoch``)
 
     def _candidates(self, hashes: Sequence[bytes], token_len: int) -> list[tuple[int, bytes]]:
         geo = self.geo
@@ -77,7 +79,7 @@ class StoreLookup:
         if not cands:
             return set()
         keys = [
-            store_key(self.namespace, r, self.world, g, h)
+            self.keys.key(r, g, h, self.epoch)
             for g, h in cands
             for r in range(self.world)
         ]

@@ -50,6 +50,7 @@ class LoadJob:
     kvpool_cached_tokens: int
     tail_key_boundaries: tuple[TailKeyBoundary, ...]
     is_async: bool = True  # False: a sync load feeding this step's forward
+    epoch: str = "0"  # the scheduler's key epoch when it built the load (``keys.KeySpace``)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -72,6 +73,7 @@ class StoreJob:
     publish_partial_tail: bool = False  # the save that first covers the prompt
     completed_token_len: int = 0  # tokens computed when the job was built (bounds EAGLE proof)
     num_prompt_tokens: int = 0  # fixes the checkpoint ck(P) whose tail is published
+    epoch: str = "0"  # the scheduler's key epoch when it emitted the job (``keys.KeySpace``)
 
 
 @dataclass
@@ -97,11 +99,3 @@ class TailproofWorkerMeta(KVConnectorWorkerMetadata):
             self.completed_saves[job] = self.completed_saves.get(job, 0) + n
         return self
 
-
-def store_key(namespace: str, rank: int, world: int, group_id: int, block_hash: bytes) -> str:
-    """The store key of one block: namespace, rank shard, store group, prefix hash.
-
-    Keys are content addresses: the hash covers the whole token prefix (vLLM's chained block
-    hash), so two equal keys always mean equal KV and puts can be write-once.
-    """
-    return f"{namespace}@r{rank}of{world}@g{group_id}@{block_hash.hex()}"

@@ -3,7 +3,11 @@
 Semantics: ``tailproof.reference.connector.scheduler`` (and ``.meta``, ``.tail``). Mirrors vLLM
 0.33's ``MooncakeStoreScheduler`` (``get_num_new_matched_tokens``, ``update_state_after_alloc``,
 ``build_connector_meta``, ``register_finished_partial_tail``, ``update_connector_output``),
-restated over plain ints and the boundary arithmetic of ``tailproof.spec.arithmetic``:
+restated over plain ints and the boundary arithmetic of ``tailproof.spec.arithmetic``.
+Written independently of ``tailproof.reference.connector.scheduler`` on purpose (not shared):
+the corpus compares the two op by op, and both with vLLM's own code on ``vllm-mooncake``;
+a shared body would compare a function with itself. Pure arithmetic is shared instead
+(``spec.arithmetic``). The rules:
 
 * lookups report hash-aligned hits (``lookup.StoreLookup``); loads are asynchronous so a failed
   load is reported per request (``failed_recving``) and recomputed -- vLLM cannot map
@@ -38,11 +42,10 @@ from tailproof.impl.meta import (
     TailproofWorkerMeta,
 )
 from tailproof.impl.metrics import SchedulerMetrics
-from tailproof.spec.arithmetic import checkpoint_position, tail_put_range
+from tailproof.spec.arithmetic import NULL_BLOCK_ID, partial_tail_puts
 
 logger = logging.getLogger(__name__)
 
-NULL_BLOCK_ID = 0
 
 
 @dataclass(kw_only=True)
@@ -58,7 +61,8 @@ class LoadSpec:
 
 @dataclass(kw_only=True)
 class RequestTracker:
-    """Per running request: what has been computed and saved (``data.RequestTracker``)."""
+    """Per running request: what has been computed and saved (``data.RequestTracker``;
+    restated, not imported, from ``reference.connector.meta`` like the rest of this module)."""
 
     req_id: str
     token_len: int
@@ -98,8 +102,7 @@ class SchedulerSide:
         # Requests whose load failed: recomputed, never offered the store again (else a store
         # that answers `exists` but fails `get` would make vLLM retry the load forever).
         self.load_failed: set[str] = set()
-        self._ck: dict[int, int] = {}  # prompt length -> checkpoint position ck(P)
-        self._tail_ranges: dict[tuple[int, int], tuple[int, int]] = {}  # (ck, group) -> range
+        self._eagle_margins = tuple(geo.eagle_proof_margin(g) for g in range(geo.num_groups))
 
     # ------------------------------------------------------------------ lookup / alloc
 
@@ -337,47 +340,22 @@ class SchedulerSide:
         return out
 
     def partial_tail_puts(self, s: StoreJob) -> list[BoundaryPut]:
-        """Attention blocks of the prompt's partial tail (Mooncake's
-        ``_partial_tail_non_mamba_puts``): ``[floor(ck, lcm), ck + margin)`` per group."""
+        """Attention blocks of the prompt's partial tail (``spec.arithmetic.partial_tail_puts``,
+        Mooncake's ``_partial_tail_non_mamba_puts``): ``[floor(ck, lcm), ck + margin)`` per
+        group."""
         if not s.publish_partial_tail and not s.boundary_puts:
             return []  # a plain normal save (the common case)
         geo = self.geo
-        h = geo.hash_block_size
-        mamba_tails = [
-            p.num_tokens for p in s.boundary_puts
-            if geo.is_mamba[p.group_id] and p.num_tokens % geo.block_sizes[p.group_id]
-        ]
-        if not mamba_tails and not s.publish_partial_tail:
-            return []
-        boundary = self._ck.get(s.num_prompt_tokens)
-        if boundary is None:
-            boundary = int(checkpoint_position(s.num_prompt_tokens, h, geo.use_eagle))
-            self._ck[s.num_prompt_tokens] = boundary
-        if not s.publish_partial_tail and boundary not in mamba_tails:
-            return []
-        if boundary == 0 or boundary // h > len(s.block_hashes):
-            return []
-        puts: list[BoundaryPut] = []
-        for g, bs in enumerate(geo.block_sizes):
-            if geo.is_mamba[g]:
-                continue
-            proof_end = boundary + geo.eagle_proof_margin(g)
-            if proof_end > s.completed_token_len or proof_end // h > len(s.block_hashes):
-                continue
-            key = (boundary, g)
-            rng = self._tail_ranges.get(key)
-            if rng is None:
-                rng = self._tail_ranges[key] = tail_put_range(
-                    boundary, geo.lcm_block_size, bs, geo.eagle_proof_margin(g))
-            first, end = rng
-            table = s.block_ids[g]
-            for idx in range(first, end):
-                if idx >= len(table):
-                    break
-                if table[idx] == NULL_BLOCK_ID:
-                    continue
-                puts.append(BoundaryPut(g, table[idx], min((idx + 1) * bs, proof_end)))
-        return puts
+        mamba_tails = [p.num_tokens for p in s.boundary_puts
+                       if geo.is_mamba[p.group_id] and p.num_tokens % geo.block_sizes[p.group_id]]
+        puts = partial_tail_puts(
+            num_prompt_tokens=s.num_prompt_tokens, completed_token_len=s.completed_token_len,
+            num_hashes=len(s.block_hashes), publish_partial_tail=s.publish_partial_tail,
+            mamba_tail_boundaries=mamba_tails, block_ids=s.block_ids,
+            block_sizes=geo.block_sizes, is_mamba=geo.is_mamba,
+            eagle_margins=self._eagle_margins, hash_block_size=geo.hash_block_size,
+            lcm_block_size=geo.lcm_block_size, use_eagle=geo.use_eagle)
+        return [BoundaryPut(*p) for p in puts]
 
     def _pin(self, s: StoreJob) -> StoreJob:
         """Assign a job id and take one GPU reference per distinct block the job may read."""

@@ -3,7 +3,11 @@
 Semantics: ``tailproof.reference.connector.worker`` (store jobs; loads have no reference model,
 their bytes are checked by the ``impl`` adapter). Mirrors vLLM 0.33's ``MooncakeStoreWorker``
 (``KVCacheStoreSendingThread._handle_request``, ``KVCacheStoreRecvingThread._handle_request``,
-``_close_ended_store_requests``), executed synchronously inside the step:
+``_close_ended_store_requests``), executed synchronously inside the step.
+Written independently of ``tailproof.reference.connector.worker`` on purpose (not shared):
+the corpus compares the two op by op, and both with vLLM's own code on ``vllm-mooncake``;
+a shared body would compare a function with itself. Pure arithmetic is shared instead
+(``spec.arithmetic``). Per step:
 
 * loads (``start_load_kv``): get every needed key into a staging buffer; only when *all* keys
   of a request arrived intact (``Outcome.ok``) are they scattered into the request's blocks.
@@ -19,7 +23,11 @@ their bytes are checked by the ``impl`` adapter). Mirrors vLLM 0.33's ``Mooncake
   scheduler can drop its pins;
 * pressure gate: a put answered STORE_FULL marks the store under pressure and the request
   skipped; later jobs of skipped requests put nothing until any fully successful put batch
-  clears the gate (Mooncake's ``_store_pressure_active`` / ``_skip_store_requests``).
+  clears the gate (Mooncake's ``_store_pressure_active`` / ``_skip_store_requests``);
+* values (``value_format``): every put writes a header (fingerprint, key, length, checksum,
+  optional MAC) in front of the block's bytes in the staging buffer; every get verifies it
+  before anything is scattered. A value that fails is a failed load, counted by kind
+  (``verify_fail_<kind>``) and removed from the store, so the next save rewrites it.
 """
 
 from __future__ import annotations
@@ -33,15 +41,17 @@ from typing import Any
 import torch
 
 from tailproof.impl.config import Settings, StoreGeometry
+from tailproof.impl.fingerprint import Fingerprint, geometry_fingerprint
+from tailproof.impl.keys import INITIAL_EPOCH, KeySpace
 from tailproof.impl.kv_layout import KVLayout
-from tailproof.impl.meta import LoadJob, StoreJob, TailproofMeta, TailproofWorkerMeta, store_key
+from tailproof.impl.meta import LoadJob, StoreJob, TailproofMeta, TailproofWorkerMeta
 from tailproof.impl.metrics import WorkerMetrics
 from tailproof.impl.stores import Status, Store
-from tailproof.spec.arithmetic import cdiv
+from tailproof.impl.value_format import HEADER_BYTES, ValueCodec, slot_nbytes
+from tailproof.spec.arithmetic import NULL_BLOCK_ID, cdiv
 
 logger = logging.getLogger(__name__)
 
-NULL_BLOCK_ID = 0
 
 
 class PressureGate:
@@ -65,7 +75,11 @@ class WorkerSide:
     def __init__(
         self, settings: Settings, geo: StoreGeometry, store: Store, rank: int, world: int,
         coord: Any = None, metrics: WorkerMetrics | None = None,
+        fingerprint: Fingerprint | None = None, secret: bytes | None = None, tp_size: int = 1,
     ):
+        fp = fingerprint or geometry_fingerprint(geo)
+        self.keys = KeySpace(settings.namespace, fp.digest, tp_size)
+        self.codec = ValueCodec(fp.raw, secret)
         self.settings = settings
         self.geo = geo
         self.store = store
@@ -92,7 +106,7 @@ class WorkerSide:
     ) -> None:
         """Index the KV tensors per store group and allocate the staging buffer."""
         self.layout = KVLayout(kv_caches, layer_groups, self.geo.num_blocks)
-        need = max([0, *self.layout.block_nbytes])
+        need = max([0, *map(slot_nbytes, self.layout.block_nbytes)])
         size = max(self.settings.staging_buffer_bytes, need)
         pin = self.layout.device.type == "cuda"
         self.staging = torch.empty(size, dtype=torch.uint8, pin_memory=pin)
@@ -103,12 +117,17 @@ class WorkerSide:
             self.store.unregister_buffer(self.staging)
             self.staging = None
 
-    def key(self, group: int, block_hash: bytes) -> str:
-        return store_key(self.settings.namespace, self.rank, self.world, group, block_hash)
+    def key(self, group: int, block_hash: bytes, epoch: str = INITIAL_EPOCH) -> str:
+        return self.keys.key(self.rank, group, block_hash, epoch)
+
+    def _slot(self, group: int) -> int:
+        """Bytes of one stored value of ``group``: header + the block's bytes."""
+        assert self.layout is not None
+        return slot_nbytes(self.layout.block_nbytes[group])
 
     def _per_batch(self, group: int) -> int:
         assert self.layout is not None and self.staging is not None
-        bb = max(1, self.layout.block_nbytes[group])
+        bb = self._slot(group)
         return max(1, min(self.settings.put_batch_size, self.staging.numel() // bb))
 
     # ------------------------------------------------------------------ loads
@@ -175,21 +194,38 @@ class WorkerSide:
         fetched: list[tuple[int, list[int], torch.Tensor]] = []
         for g in range(self.geo.num_groups):
             items = [(b, hh) for gg, b, hh in plan if gg == g]
-            bb = self.layout.block_nbytes[g]
+            bb = self._slot(g)
             step = self._per_batch(g)
             for i in range(0, len(items), step):
                 chunk = items[i : i + step]
                 region = self.staging[: len(chunk) * bb]
                 bufs = [region[j * bb : (j + 1) * bb] for j in range(len(chunk))]
-                outs = self.store.get_batch([self.key(g, hh) for _, hh in chunk], bufs)
+                keys = [self.key(g, hh, job.epoch) for _, hh in chunk]
+                outs = self.store.get_batch(keys, bufs)
                 self.metrics.record_batch("get", outs, sum(o.nbytes for o in outs if o.ok))
-                if not all(o.ok for o in outs):
+                if not all(o.ok for o in outs) or not self._verified(keys, bufs):
                     return False
-                # Keep a copy: the staging buffer is reused by the next batch.
-                fetched.append((g, [b for b, _ in chunk], region.clone()))
+                # Keep a copy of the payloads: the staging buffer is reused by the next batch.
+                payload = region.view(len(chunk), bb)[:, HEADER_BYTES:].clone()
+                fetched.append((g, [b for b, _ in chunk], payload))
         for g, ids, data in fetched:
             self.layout.scatter(g, ids, data)
         return True
+
+    def _verified(self, keys: list[str], slots: list[torch.Tensor]) -> bool:
+        """Verify every loaded value; count and remove the bad ones (the next save rewrites
+        them, so one bad value cannot fail its prefix forever)."""
+        bad = []
+        for key, slot in zip(keys, slots, strict=True):
+            kind = self.codec.verify(key, slot)
+            if kind is not None:
+                self.metrics.c.inc(f"verify_fail_{kind}")
+                bad.append(key)
+        if bad:
+            logger.warning("rejected %d stored value(s) failing verification, e.g. %s",
+                           len(bad), bad[0])
+            self.metrics.c.inc("verify_removed", self.store.remove(bad))
+        return not bad
 
     # ------------------------------------------------------------------ saves
 
@@ -311,12 +347,12 @@ class WorkerSide:
         assert self.layout is not None and self.staging is not None
         if not items:
             return "none"
-        keys = [self.key(g, hh) for g, _, hh in items]
+        keys = [self.key(g, hh, job.epoch) for g, _, hh in items]
         present = self.store.exists(keys)
         todo = [(it, k) for it, k, p in zip(items, keys, present, strict=True) if not p]
         if not todo:
             return "none"
-        sizes = [self.layout.block_nbytes[g] for (g, _, _), _ in todo]
+        sizes = [self._slot(g) for (g, _, _), _ in todo]
         cap = self.staging.numel()
         i = 0
         while i < len(todo):
@@ -338,7 +374,8 @@ class WorkerSide:
 
     def _put_chunk(self, todo: list[tuple[tuple[int, int, bytes], str]],
                    sizes: list[int]) -> list[Any]:
-        """Gather the blocks into the staging buffer (item order kept) and put them."""
+        """Gather the blocks into the staging buffer behind room for their headers (item order
+        kept), seal every value (``ValueCodec.seal``) and put them."""
         assert self.layout is not None and self.staging is not None
         offs = [0]
         for n in sizes:
@@ -350,11 +387,14 @@ class WorkerSide:
             rows = self.layout.gather(g, [todo[i][0][1] for i in idxs])
             if idxs == list(range(idxs[0], idxs[0] + len(idxs))):
                 # Consecutive items (the usual case): one device-to-host copy.
-                self.staging[offs[idxs[0]] : offs[idxs[-1] + 1]].view(len(idxs), -1).copy_(rows)
+                slots = self.staging[offs[idxs[0]] : offs[idxs[-1] + 1]].view(len(idxs), -1)
+                slots[:, HEADER_BYTES:].copy_(rows)
                 continue
             for r, i in enumerate(idxs):
-                self.staging[offs[i] : offs[i + 1]].copy_(rows[r])
+                self.staging[offs[i] + HEADER_BYTES : offs[i + 1]].copy_(rows[r])
         bufs = [self.staging[offs[i] : offs[i + 1]] for i in range(len(todo))]
+        for (_, key), buf in zip(todo, bufs, strict=True):
+            self.codec.seal(key, buf)
         return self.store.put_batch([k for _, k in todo], bufs)
 
     # ------------------------------------------------------------------ reports

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from tailproof.spec.arithmetic import hit_alignment, lcm_all
+from tailproof.spec.arithmetic import hit_alignment, lcm_all, partial_hash_hits_enabled
 
 FULL_ATTENTION = "full_attention"
 MAMBA_ALIGN = "mamba_align"
@@ -75,11 +75,8 @@ class Geometry:
                 raise ValueError("UnitaryKVCacheCoordinator assumes hash_block_size == block_size")
         else:
             kind = "hybrid"
-        # partial_hash_hits_enabled: some Mamba align group with block_size > h (FA and
-        # Mamba managers both support fine-grained lookup, so the second clause holds).
-        partial = kind == "hybrid" and any(
-            g.kind == MAMBA_ALIGN and g.block_size > h for g in self.groups
-        )
+        partial = partial_hash_hits_enabled(
+            [g.block_size for g in self.groups if g.kind == MAMBA_ALIGN], h, kind == "hybrid")
         # HybridKVCacheCoordinator._cache_hit_alignment_tokens; other coordinators keep the
         # manager default (scheduler_block_size).
         alignment = hit_alignment(h, sbs, partial)

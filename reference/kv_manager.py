@@ -7,8 +7,8 @@ from collections.abc import Iterable, Sequence
 from tailproof.reference.block_pool import Block
 from tailproof.reference.coordinator import Coordinator
 from tailproof.reference.geometry import MAMBA_ALIGN, Geometry
-from tailproof.reference.managers import MambaAlignManager
 from tailproof.reference.request import Request
+from tailproof.spec.arithmetic import cdiv
 
 Blocks = list[list[Block]]  # per group
 
@@ -171,6 +171,9 @@ class KVCacheManager:
     def get_block_ids(self, request_id: str) -> list[list[int]]:
         return [[b.block_id for b in g] for g in self.coordinator.get_blocks(request_id)]
 
-    @property
-    def mamba_managers(self) -> list[MambaAlignManager]:
-        return [m for m in self.coordinator.managers if isinstance(m, MambaAlignManager)]
+    def get_block_ids_for_computed_tokens(self, request_id: str,
+                                          num_computed_tokens: int) -> list[list[int]]:
+        """``KVCacheManager.get_block_ids_for_computed_tokens`` (KM:740-758): attention groups
+        clipped to the blocks covering the computed tokens; Mamba groups whole."""
+        return [ids if g.kind == MAMBA_ALIGN else ids[:cdiv(num_computed_tokens, g.block_size)]
+                for g, ids in zip(self.geo.groups, self.get_block_ids(request_id), strict=True)]

@@ -11,10 +11,9 @@ mkdir -p "$OUT"
 PY=.venv/bin/python
 "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else "no CUDA device")'
 nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1 || true
-export TAILPROOF_IMPL_DEVICE=cuda
 for store in memory mooncake; do
   .venv/bin/tailproof replay conformance/cases/*.json --against reference,impl --store "$store" \
-    --json > "$OUT/replay-impl-cuda-$store.json" || echo "divergences on $store" >&2
+    --device cuda --json > "$OUT/replay-impl-cuda-$store.json" || echo "divergences on $store" >&2
 done
 "$PY" -m pytest tests/impl/test_worker_side.py -k cuda -rs 2>&1 | tee "$OUT/cuda-worker-test.txt"
 "$PY" benchmarks/store_throughput.py --rounds 20 2>&1 | tee "$OUT/store-throughput.md"

@@ -114,3 +114,57 @@ def clip_joint_hit(candidate: Num, group_hits: list[Num]) -> Num:
     for g in group_hits:
         out = min2(out, g)
     return out
+
+
+def partial_hash_hits_enabled(mamba_block_sizes: list[int], h: int, hybrid: bool) -> bool:
+    """Whether hits may land on h inside a block (mirrors ``kv_cache_utils.
+    partial_hash_hits_enabled`` with DCP 1 and full-attention + Mamba-align managers, both
+    fine-grained): some Mamba-align group has a block larger than h. Only the hybrid
+    coordinator turns it on (``HybridKVCacheCoordinator.__init__``, CO:694)."""
+    return hybrid and any(bs > h for bs in mamba_block_sizes)
+
+
+NULL_BLOCK_ID = 0
+
+
+def partial_tail_puts(
+    *, num_prompt_tokens: int, completed_token_len: int, num_hashes: int,
+    publish_partial_tail: bool, mamba_tail_boundaries: list[int],
+    block_ids: tuple[list[int], ...], block_sizes: tuple[int, ...], is_mamba: tuple[bool, ...],
+    eagle_margins: tuple[int, ...], hash_block_size: int, lcm_block_size: int, use_eagle: bool,
+) -> list[tuple[int, int, int]]:
+    """Attention blocks a partial tail publishes, as ``(group, block id, num_tokens)`` (mirrors
+    ``mooncake.store.scheduler._partial_tail_non_mamba_puts``, MS:62-132).
+
+    Due when the job publishes the prompt tail or carries the Mamba sub-block tail at
+    ``ck(P)`` (``mamba_tail_boundaries``: its Mamba boundary puts that are not block-aligned).
+    Per non-Mamba group: the blocks ``tail_put_range`` names, keyed at their end clipped to the
+    proof end ``ck(P) + margin``; null blocks are skipped and a group whose proof is not yet
+    computed is omitted. Written once for the reference (``reference.connector.tail``) and the
+    connector (``impl.scheduler_side``); the corpus checks it against vLLM's own function on
+    the ``vllm-mooncake`` adapter.
+    """
+    if not mamba_tail_boundaries and not publish_partial_tail:
+        return []
+    h = hash_block_size
+    # The core drops the checkpoint whenever EAGLE block drop is on (MS:102-106).
+    boundary = int(checkpoint_position(num_prompt_tokens, h, use_eagle))
+    # Any other sub-block hand-off is a shared-prefix junction: no attention tail (MS:110).
+    if not publish_partial_tail and boundary not in mamba_tail_boundaries:
+        return []
+    if boundary == 0 or boundary // h > num_hashes:
+        return []
+    puts: list[tuple[int, int, int]] = []
+    for g, bs in enumerate(block_sizes):
+        if is_mamba[g]:
+            continue
+        margin = eagle_margins[g]
+        proof_end = boundary + margin
+        if proof_end > completed_token_len or proof_end // h > num_hashes:
+            continue
+        first, end = tail_put_range(boundary, lcm_block_size, bs, margin)
+        table = block_ids[g]
+        for idx in range(first, min(end, len(table))):
+            if table[idx] != NULL_BLOCK_ID:
+                puts.append((g, table[idx], min((idx + 1) * bs, proof_end)))
+    return puts

@@ -1,8 +1,10 @@
-"""The invariants of the spec, one named function each (numbering from the vLLM 0.33 notes, §4).
+"""The invariants of the spec, one named function each.
 
 Each function takes a :class:`spec.model.State` and returns ``None`` when the invariant holds or
 a short message naming the first offending block/key/request. ``ALL`` lists them in order; the
 bounded checker, the hypothesis machines and the refinement check all run exactly this list.
+The ids (I1..I21) are shared with the cases and tests; docs/spec.md, section 4, says what each
+states and where the ones not listed here (I5, I13, I15, I16, I20, I21) are checked instead.
 """
 
 from __future__ import annotations

@@ -1,35 +1,20 @@
-"""Hypothesis state machines: the spec explored at random, and refinement of an implementation.
+"""Hypothesis state machine: the spec explored at random.
 
-``SpecMachine`` runs random enabled actions of :mod:`spec.model` on random small instances
-and checks every invariant of :mod:`spec.invariants` after each step.
-
-``RefinementMachine`` drives an implementation of the ``CoreBackend`` interface
-(``conformance/backend.py``; the reference model by default) with random scheduler-shaped op
-sequences -- steps of lookups/allocations/commits, drains, retention releases, finishes,
-preemptions, evictions and resets -- and after each op maps the implementation's observable
-state (refcounts, free queue, keys, tables, held retentions, the last lookup/drain/reset) to a
-spec :class:`~spec.model.State` and checks the spec invariants on it. The invariants about
-bytes, store jobs and producer markers (I6, I7, I11, I14, I17, I18) are not observable through
-the core interface and hold vacuously on the abstraction; I8 is checked at drain time.
-
-Both print the minimal op sequence on failure (hypothesis shrinks; ``note`` records each op).
+``SpecMachine`` runs random enabled actions of :mod:`spec.model` on random small instances and
+checks every invariant of :data:`spec.invariants.ALL` after each step; a failure names the
+invariant and hypothesis prints the shrunk action sequence. (The refinement machines, which
+drive an implementation through the conformance backends, live in
+``tailproof.conformance.refinement``: the spec imports nothing from the harness.)
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
 from hypothesis import note
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from . import invariants as inv
-from .arithmetic import lcm_all
-from .model import FA, MAMBA, Config, Hit, Req, State, initial
-
-#: steps taken by each machine in this process (the CI test reports them)
-STEPS = {"spec": 0, "refinement": 0}
+from .model import Config, State, initial
 
 GEOMETRIES = [(2, 2, 4), (1, 1, 2), (2, 4, 4), (2, 2, 8)]  # (h, bs_fa, bs_mamba)
 BASE = (1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6)  # every prompt is a prefix: keys name prefixes
@@ -37,6 +22,8 @@ BASE = (1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6)  # every prompt is a prefix: keys na
 
 class SpecMachine(RuleBasedStateMachine):
     """Random walks of the spec with every invariant checked after each step."""
+
+    steps = 0  #: actions taken by every instance in this process (the CI test reports them)
 
     def __init__(self) -> None:
         super().__init__()
@@ -58,272 +45,15 @@ class SpecMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def act(self, data: st.DataObject) -> None:
         assert self.s is not None
-        acts = self.s.enabled()
-        a = data.draw(st.sampled_from(acts), label="action")
+        a = data.draw(st.sampled_from(self.s.enabled()), label="action")
         self.s = self.s.apply(a)
-        STEPS["spec"] += 1
-
-    def _check(self, name: str) -> None:
-        if self.s is None:
-            return
-        fn = dict(inv.ALL)[name]
-        msg = fn(self.s)
-        assert msg is None, f"{name}: {msg}"
+        SpecMachine.steps += 1
 
     @invariant()
-    def i1(self) -> None:
-        self._check("I1")
-
-    @invariant()
-    def i2(self) -> None:
-        self._check("I2")
-
-    @invariant()
-    def i3(self) -> None:
-        self._check("I3")
-
-    @invariant()
-    def i4(self) -> None:
-        self._check("I4")
-
-    @invariant()
-    def i6(self) -> None:
-        self._check("I6")
-
-    @invariant()
-    def i7(self) -> None:
-        self._check("I7")
-
-    @invariant()
-    def i8(self) -> None:
-        self._check("I8")
-
-    @invariant()
-    def i9(self) -> None:
-        self._check("I9")
-
-    @invariant()
-    def i10(self) -> None:
-        self._check("I10")
-
-    @invariant()
-    def i11(self) -> None:
-        self._check("I11")
-
-    @invariant()
-    def i12(self) -> None:
-        self._check("I12")
-
-    @invariant()
-    def i14(self) -> None:
-        self._check("I14")
-
-    @invariant()
-    def i17(self) -> None:
-        self._check("I17")
-
-    @invariant()
-    def i18(self) -> None:
-        self._check("I18")
-
-    @invariant()
-    def i19(self) -> None:
-        self._check("I19")
-
-
-# ------------------------------------------------------------------------- refinement
-REF_BACKEND = "tailproof.conformance.adapters.reference_core:ReferenceCoreBackend"
-#: invariants checked on the abstraction of an implementation's observable state
-REFINED = ("I1", "I2", "I3", "I4", "I9", "I10", "I12", "I19")
-
-
-def load_backend(path: str) -> Any:
-    """The backend class at ``module:attr`` (imported lazily: spec never imports vLLM)."""
-    module, _, attr = path.partition(":")
-    return getattr(importlib.import_module(module), attr)
-
-
-def trace_config(cfg: Config) -> Any:
-    """The conformance ``TraceConfig`` of a spec instance (FA group 0, Mamba align group 1)."""
-    from tailproof.conformance.trace import GroupConfig, TraceConfig
-
-    return TraceConfig((GroupConfig("full_attention", cfg.bs_fa),
-                        GroupConfig("mamba_align", cfg.bs_mamba)), cfg.h, cfg.num_blocks,
-                       use_eagle=cfg.use_eagle)
-
-
-def abstract(cfg: Config, core: Any, rids: list[str], status: dict[str, str],
-             retained: list[list[int]], last_hit: Hit | None,
-             offloads: list[tuple[int, int, int, int]], reset: tuple[bool, bool] | None) -> State:
-    """The spec state an implementation's observable state stands for."""
-    s = initial(cfg)
-    refs = core.refcounts()
-    s.ref = [0] + [refs.get(b, 0) for b in range(1, cfg.num_blocks)]
-    s.fq = list(core.free_queue())
-    s.keys = {(g, BASE[:n]): b for g, n, b in core.keys()}
-    for (g, p), b in s.keys.items():  # bytes are not observable: assume the key's own
-        s.content[b] = (g, p)
-    reqs = []
-    for i, rid in enumerate(rids):
-        r = Req(cfg.prompts[i], status=status[rid])
-        if status[rid] != "finished":
-            tab = core.table(rid)
-            r.fa, r.mamba = list(tab[FA]), list(tab[MAMBA])
-            r.computed = core.get(rid).num_computed_tokens
-        reqs.append(r)
-    s.reqs = reqs
-    s.retained = [(0, tuple(ids), "cow") for ids in retained]
-    s.offloads = offloads
-    s.last_hit, s.last_reset = last_hit, reset
-    return s
-
-
-class RefinementMachine(RuleBasedStateMachine):
-    """Random scheduler-shaped op sequences on an implementation; after each op the
-    abstraction of its state must satisfy the spec invariants in ``REFINED``."""
-
-    backend_path = REF_BACKEND
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.core: Any = None
-        self.cfg: Config | None = None
-
-    @initialize(geo=st.sampled_from(GEOMETRIES),
-                lens=st.lists(st.integers(2, 10), min_size=1, max_size=3),
-                blocks=st.integers(6, 14))
-    def setup(self, geo: tuple[int, int, int], lens: list[int], blocks: int) -> None:
-        h, bf, bm = geo
-        self.cfg = Config(h=h, bs_fa=bf, bs_mamba=bm, num_blocks=blocks,
-                          prompts=tuple(BASE[:n] for n in lens), workers=1)
-        note(f"config: {self.cfg}")
-        self.core = load_backend(self.backend_path)(trace_config(self.cfg))
-        self.rids = [f"r{i}" for i in range(len(lens))]
-        self.status = {r: "waiting" for r in self.rids}
-        for rid, p in zip(self.rids, self.cfg.prompts, strict=True):
-            self.core.add_request(rid, list(p), 16)
-        self.retained: list[list[int]] = []
-        self.last_hit: Hit | None = None
-        self.offloads: list[tuple[int, int, int, int]] = []
-        self.reset: tuple[bool, bool] | None = None
-
-    def _clear(self) -> None:
-        self.last_hit, self.offloads, self.reset = None, [], None
-        STEPS["refinement"] += 1
-
-    def _plan_alloc(self, i: int, use_hit: bool, hit: int) -> None:
-        rid = self.rids[i]
-        view = self.core.get(rid)
-        start = view.num_computed_tokens + hit
-        n = self.core.plan_chunk(rid, view.num_tokens - start, hit, 0)
-        if n <= 0:
-            return
-        new = self.core.allocate(rid, n, use_hit=use_hit, external=0, delay_cache=False,
-                                 lookahead=0)
-        note(f"allocate {rid} n={n} use_hit={use_hit} -> {new}")
-        if new is not None:
-            self.core.set_counters(rid, num_computed_tokens=self.core.get(rid)
-                                   .num_computed_tokens + n)
-            self.status[rid] = "running"
-
-    @rule(data=st.data())
-    def step(self, data: st.DataObject) -> None:
-        """One scheduling pass: new_step, allocations of a random subset (waiting requests
-        look up and adopt their hit), preemptions of unscheduled running requests, then the
-        drains (offloads, copies) and an immediate or deferred retention release."""
-        assert self.cfg is not None
-        self._clear()
-        self.core.new_step()
-        note("new_step")
-        order = data.draw(st.permutations(range(len(self.rids))), label="order")
-        for i in order:
-            rid = self.rids[i]
-            what = data.draw(st.sampled_from(["skip", "schedule", "preempt"]), label=rid)
-            if what == "schedule" and self.status[rid] == "waiting":
-                hit, blocks = self.core.lookup(rid, None)
-                note(f"lookup {rid} -> {hit} {blocks}")
-                self.last_hit = Hit(i, len(self.cfg.prompts[i]), hit, tuple(blocks[FA]),
-                                    tuple(blocks[MAMBA]), self._keys())
-                self._check(("I9", "I10"))
-                self._plan_alloc(i, True, hit)
-            elif what == "schedule" and self.status[rid] == "running":
-                if self.core.get(rid).num_computed_tokens < len(self.cfg.prompts[i]):
-                    self._plan_alloc(i, False, 0)
-            elif what == "preempt" and self.status[rid] == "running":
-                self.core.preempt(rid)
-                note(f"preempt {rid}")
-                self.status[rid] = "waiting"
-        self.last_hit = None
-        offs = self.core.drain_offloads()
-        note(f"drain_offloads -> {offs}")
-        self.offloads = [(self.rids.index(r), g, b, n) for r, g, b, n in offs]
-        self._check(("I12",))  # undrained copies still hold refs: only I12 is meaningful here
-        self.offloads = []
-        copies, ret = self.core.drain_copies()
-        note(f"drain_copies -> {copies} {ret}")
-        refs = self.core.refcounts()
-        assert all(refs.get(b, 0) >= 1 for b in ret), "I8: drained copy endpoint not held"
-        if ret:
-            self.retained.append(list(ret))
-            if data.draw(st.booleans(), label="release now"):
-                self._release(0 if len(self.retained) == 1 else len(self.retained) - 1)
-
-    def _release(self, idx: int) -> None:
-        ids = self.retained.pop(idx)
-        self.core.release(ids)
-        note(f"release {ids}")
-
-    def _keys(self) -> frozenset:
-        return frozenset((g, BASE[:n]) for g, n, _ in self.core.keys())
-
-    @precondition(lambda self: bool(getattr(self, "retained", None)))
-    @rule()
-    def release_oldest(self) -> None:
-        self._clear()
-        self._release(0)
-
-    @rule(i=st.integers(0, 2))
-    def finish(self, i: int) -> None:
-        self._clear()
-        if i < len(self.rids) and self.status[self.rids[i]] == "running":
-            rid = self.rids[i]
-            tails = self.core.finalize_tail(rid)
-            self.core.free(rid)
-            note(f"finish {rid} (tails {tails})")
-            self.status[rid] = "finished"
-
-    @rule(data=st.data())
-    def evict(self, data: st.DataObject) -> None:
-        self._clear()
-        keys = self.core.keys()
-        if keys:
-            g, n, b = data.draw(st.sampled_from(keys), label="key")
-            self.core.evict({b})
-            note(f"evict block {b} ({g},{n})")
-
-    @rule()
-    def reset(self) -> None:
-        self._clear()
-        all_free = self.core.num_free() == self.cfg.num_blocks - 1 if self.cfg else False
-        ok = self.core.reset()
-        note(f"reset -> {ok}")
-        self.reset = (ok, all_free)
-
-    @invariant()
-    def abstraction_satisfies_spec(self) -> None:
-        self._check()
-
-    def _check(self, names: tuple[str, ...] = REFINED) -> None:
-        if self.core is None or self.cfg is None:
-            return
-        s = abstract(self.cfg, self.core, self.rids, self.status, self.retained,
-                     self.last_hit, self.offloads, self.reset)
-        funcs = dict(inv.ALL)
-        for name in names:
-            msg = funcs[name](s)
-            assert msg is None, f"{name}: {msg}"
-
-
-def lcm_of(cfg: Config) -> int:
-    """The scheduler block size of an instance (re-exported for tests)."""
-    return lcm_all([cfg.bs_fa, cfg.bs_mamba])
+    def invariants_hold(self) -> None:
+        """Every invariant in :data:`spec.invariants.ALL`, in order; the first violated one is
+        named in the error."""
+        if self.s is not None:
+            for name, holds in inv.ALL:
+                msg = holds(self.s)
+                assert msg is None, f"{name}: {msg}"

@@ -15,117 +15,23 @@ boundary puts. It states *what must be accounted for*, not how vLLM lays out its
   (store jobs that pin, put, are reported by every worker rank and then unpin);
 * the boundary arithmetic of :mod:`spec.arithmetic` (the functions the reference also runs).
 
-Transitions are methods named after the vLLM function they abstract. ``enabled()`` lists every
-action of a state; ``apply()`` runs one on a copy. A ``mutant`` name in :class:`Config` seeds one
-bug into a rule (see ``spec/z3/mutants.py``), so the checkers can show they have teeth.
+The records a state holds (:class:`Config`, requests, store jobs, the last lookup) are in
+:mod:`spec.records`. Transitions are methods named after the vLLM function they abstract.
+``enabled()`` lists every action of a state; ``apply()`` runs one on a copy. The rules that a
+seeded bug changes are small methods of their own (each one step of a vLLM function), so the
+proofs can seed a bug by overriding one of them in a subclass and show that the checkers have
+teeth.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from functools import lru_cache
+from dataclasses import replace
 
-from .arithmetic import (
-    cdiv,
-    checkpoint_position,
-    clip_joint_hit,
-    lcm_all,
-    round_down,
-    tail_put_range,
-)
+from .arithmetic import cdiv, clip_joint_hit, fine_grained, round_down, tail_put_range
+from .records import FA, MAMBA, NULL, Config, Hit, Job, Key, Put, Req, ck_int
 
-NULL = 0
-FA, MAMBA = 0, 1
-Key = tuple[int, tuple[int, ...]]  # (group, prefix tokens): the comparable form of a block hash
-
-
-@dataclass(frozen=True)
-class Config:
-    """Geometry, pool and workload of one model instance (small on purpose: it is enumerated)."""
-
-    h: int = 2
-    bs_fa: int = 2
-    bs_mamba: int = 4
-    num_blocks: int = 8
-    prompts: tuple[tuple[int, ...], ...] = ((1, 1, 2, 2), (1, 1, 2, 2, 3))
-    workers: int = 2
-    defer_block_free: bool = False
-    use_eagle: bool = False
-    outcomes: tuple[str, ...] = ("ok", "full", "error")
-    priority_preempt: bool = False
-    mutant: str | None = None
-
-    @property
-    def lcm(self) -> int:
-        return lcm_all([self.bs_fa, self.bs_mamba])
-
-    @property
-    def partial_hits(self) -> bool:
-        """``partial_hash_hits_enabled``: a Mamba align group with block size > h."""
-        return self.bs_mamba > self.h
-
-    @property
-    def A(self) -> int:  # noqa: N802 - the notes' name
-        return self.h if self.partial_hits else self.lcm
-
-    def bs(self, g: int) -> int:
-        return self.bs_fa if g == FA else self.bs_mamba
-
-    def ck(self, p: int) -> int:
-        """ck(P) as the model's rules use it (the ``ck_off_by_one`` mutant shifts it)."""
-        return ck_int(p + 1 if self.mutant == "ck_off_by_one" else p, self.h, self.use_eagle)
-
-
-@lru_cache(maxsize=4096)
-def ck_int(p: int, h: int, eagle: bool) -> int:
-    """:func:`spec.arithmetic.checkpoint_position` on ints, memoised for state-space search."""
-    return checkpoint_position(p, h, eagle)
-
-
-@dataclass
-class Req:
-    """One request: prompt, progress, block tables and Mamba producer marker."""
-
-    prompt: tuple[int, ...]
-    status: str = "waiting"  # waiting | running | finished
-    computed: int = 0  # num_computed_tokens (advanced at schedule time, as vLLM does)
-    fa: list[int] = field(default_factory=list)
-    mamba: list[int] = field(default_factory=list)
-    marker: tuple[int, int] | None = None  # _producer_partial_tail_reqs: (source block, boundary)
-    stops: tuple[int, ...] = ()  # chunk ends since the last (re)start
-    epoch: int = 0  # bumped by preemption: older store jobs become "not live"
-
-    def clone(self) -> Req:
-        r = Req.__new__(Req)
-        r.__dict__.update(self.__dict__)
-        r.fa, r.mamba = list(self.fa), list(self.mamba)
-        return r
-
-
-@dataclass
-class Job:
-    """A connector store job: the distinct blocks it pins and the boundary puts it performs."""
-
-    rid: int
-    epoch: int
-    ids: tuple[int, ...]
-    puts: tuple[tuple[int, tuple[int, ...], int], ...]  # (group, prefix, block)
-    fence: int  # the step whose execution the job synchronizes on (current_event.synchronize)
-    ran: frozenset[int] = frozenset()
-    reported: frozenset[int] = frozenset()
-    released: bool = False
-
-
-@dataclass
-class Hit:
-    """The last lookup: what ``find_longest_cache_hit`` returned and the keys it saw."""
-
-    rid: int
-    num_tokens: int
-    hit: int
-    fa: tuple[int, ...]
-    mamba: tuple[int, ...]
-    keys: frozenset[Key]
+__all__ = ["FA", "MAMBA", "NULL", "Config", "Hit", "Job", "Key", "NoBlocks", "Put", "Req",
+           "State", "ck_int", "initial"]
 
 
 class NoBlocks(Exception):
@@ -164,7 +70,7 @@ class State:
 
     # ----------------------------------------------------------------- plumbing
     def clone(self) -> State:
-        s = State.__new__(State)
+        s = self.__class__.__new__(self.__class__)
         s.__dict__.update(self.__dict__)
         s.ref, s.fq, s.content = list(self.ref), list(self.fq), list(self.content)
         s.keys, s.store, s.jobs = dict(self.keys), dict(self.store), dict(self.jobs)
@@ -198,13 +104,10 @@ class State:
     def bad(self, msg: str) -> None:
         self.violations = self.violations + (msg,)
 
-    def prefix(self, rid: int, n: int) -> tuple[int, ...]:
-        return self.reqs[rid].prompt[:n]
-
     def block_keys(self, b: int) -> list[Key]:
         return [k for k, v in self.keys.items() if v == b]
 
-    # ----------------------------------------------------------------- block pool (BP)
+    # ----------------------------------------------------------------- block pool
     def touch(self, b: int) -> None:
         """``BlockPool.touch``: one more holder; leaves the free queue at ref 0 -> 1."""
         if b == NULL:
@@ -248,6 +151,73 @@ class State:
             self.this_step.add(key)
         return True
 
+    # ----------------------------------------------------------------- single rules
+    def ck(self, p: int) -> int:
+        """ck(P): where a sub-block tail sits (``get_mamba_prefill_checkpoint_position``)."""
+        return ck_int(p, self.cfg.h, self.cfg.use_eagle)
+
+    def hit_limit(self, num_tokens: int) -> int:
+        """``max_cache_hit_length = num_tokens - 1`` floored to A (``get_computed_blocks``)."""
+        return round_down(num_tokens - 1, self.cfg.A)
+
+    def clip_fa(self, blocks: list[int], hit: int) -> list[int]:
+        """FA keeps ``cdiv(hit, B)`` blocks of the joint hit (``find_longest_cache_hit``)."""
+        return blocks[: cdiv(hit, self.cfg.bs_fa)]
+
+    def deferred(self, key: Key) -> bool:
+        """A Mamba key registered or moved this step is not hit in it: its bytes arrive with the
+        step (``MambaManager.cached_blocks_this_step``)."""
+        return key in self.this_step
+
+    def queue_copy(self, g: int, src: int, dst: int) -> None:
+        """Queue a CoW copy; both endpoints are already retained (``_pending_cow_copies``)."""
+        self.pending_copies.append((g, src, dst))
+
+    def release_copies(self, ids: tuple[int, ...]) -> None:
+        """``Scheduler._free_cow_retained_blocks``: release drained copies' retention now, or
+        after the step executed (``defer_block_free``)."""
+        if self.cfg.defer_block_free:
+            self.retained.append((self.step, ids, "cow"))
+        else:
+            self.free_blocks(ids)
+
+    def move_block_hashes(self, src: int, dst: int) -> None:
+        """``BlockPool.move_block_hashes``: the running CoW target takes the source's keys."""
+        for k in self.block_keys(src):
+            self.keys[k] = dst
+            self.this_step.add(k)
+            self.fresh.add(k)
+
+    def drop_handoffs(self, rid: int) -> None:
+        """``MambaManager.pop_blocks_for_free``: a freed request's undrained hand-offs go."""
+        self.offloads = [o for o in self.offloads if o[0] != rid]
+
+    def pop_tables(self, r: Req) -> list[int]:
+        """Empty a request's tables; their blocks, in free order (each table reversed)."""
+        ids = list(reversed(r.fa)) + list(reversed(r.mamba))
+        r.fa, r.mamba = [], []
+        return ids
+
+    def job_blocks(self, r: Req, puts: list[Put], n: int) -> list[int]:
+        """The distinct blocks a store job pins: its put blocks, once each
+        (``_reference_save_blocks``, ``dict.fromkeys``)."""
+        return list(dict.fromkeys(pb for _, _, pb in puts))
+
+    def pin(self, ids: list[int]) -> None:
+        """``pool.touch`` of a store job's blocks."""
+        for b in ids:
+            self.touch(b)
+
+    def mark_pressure(self, rid: int, rank: int, keys: list[Put]) -> None:
+        """``_mark_request_skipped_for_pressure`` after a -200 put: flag, then the request; the
+        failed ``keys`` stay absent."""
+        self.pressure = True
+        self.skip = self.skip | {rid}
+
+    def unpins(self, j: Job) -> bool:
+        """``update_connector_output``: a job unpins when every rank has reported."""
+        return len(j.reported) == self.cfg.workers
+
     # ----------------------------------------------------------------- lookup (read)
     def lookup(self, rid: int) -> Hit:
         """``HybridKVCacheCoordinator.find_longest_cache_hit`` for a simple hybrid (FA, Mamba):
@@ -256,19 +226,16 @@ class State:
         c, p = self.cfg, self.reqs[rid].prompt
         n_hashes = len(p) // c.h
         cap = len(p) - 1  # max_cache_hit_length: the last token is always recomputed
-        if c.mutant == "hit_unaligned":
-            cap_fa = cap_m = n_hashes * c.h
-        else:
-            cap_fa = cap_m = round_down(cap, c.A)
+        lim = min(self.hit_limit(len(p)), n_hashes * c.h)
         fa_blocks: list[int] = []
-        while (len(fa_blocks) + 1) * c.bs_fa <= min(cap_fa, n_hashes * c.h):
+        while (len(fa_blocks) + 1) * c.bs_fa <= lim:
             b = self.keys.get((FA, p[: (len(fa_blocks) + 1) * c.bs_fa]))
             if b is None:
                 break
             fa_blocks.append(b)
         hit_fa = len(fa_blocks) * c.bs_fa
-        if c.A < c.bs_fa and c.bs_fa % c.A == 0:  # fine-grained interior probe
-            top = min(hit_fa + c.bs_fa - c.h, round_down(min(cap_fa, n_hashes * c.h), c.h))
+        if fine_grained(c.bs_fa, c.A):  # interior h-boundaries of the next block
+            top = min(hit_fa + c.bs_fa - c.h, round_down(lim, c.h))
             for n in range(top, hit_fa, -c.h):
                 b = self.keys.get((FA, p[:n]))
                 if b is not None:
@@ -276,14 +243,13 @@ class State:
                     hit_fa = n
                     break
         hit_m, m_block = 0, NULL
-        for n in range(round_down(min(cap_m, hit_fa, n_hashes * c.h), c.h), 0, -c.h):
+        for n in range(round_down(min(lim, hit_fa), c.h), 0, -c.h):
             b = self.keys.get((MAMBA, p[:n]))
             if b is not None:
                 hit_m, m_block = n, b
                 break
         hit = clip_joint_hit(cap, [hit_fa, hit_m])
-        if c.mutant != "no_clipping":
-            fa_blocks = fa_blocks[: cdiv(hit, c.bs_fa)]
+        fa_blocks = self.clip_fa(fa_blocks, hit)
         mamba = [NULL] * (cdiv(hit, c.bs_mamba) - 1) + [m_block] if hit else []
         return Hit(rid, len(p), hit, tuple(fa_blocks), tuple(mamba), frozenset(self.keys))
 
@@ -292,7 +258,7 @@ class State:
         when the chunk crosses it, and at the prompt end."""
         c, p = self.cfg, len(self.reqs[rid].prompt)
         stop = min(round_down(start, c.lcm) + c.lcm, p)
-        ck = c.ck(p)
+        ck = self.ck(p)
         if start < ck < stop:
             stop = ck
         return stop
@@ -316,7 +282,8 @@ class State:
                 if r.status == "waiting" or r.computed < len(r.prompt):
                     acts.append(("schedule", i))
             # FCFS preempts the running queue's tail (not yet scheduled this step); the PRIORITY
-            # policy may preempt a request whose chunk was already scheduled (SC:944-966)
+            # policy may preempt a request whose chunk was already scheduled (Scheduler.schedule,
+            # SC:944-966)
             acts += [("preempt", i) for i, r in enumerate(self.reqs) if r.status == "running"
                      and (c.priority_preempt or i not in self.scheduled)]
             acts.append(("end_schedule",))
@@ -365,8 +332,8 @@ class State:
         hit = self.lookup(rid)
         self.last_hit = hit
         n = hit.hit
-        if n and (MAMBA, r.prompt[:n]) in self.this_step and c.mutant != "no_same_step_defer":
-            raise NoBlocks  # same-step deferral: get_num_blocks_to_allocate -> num_gpu_blocks+1
+        if n and self.deferred((MAMBA, r.prompt[:n])):
+            raise NoBlocks  # get_num_blocks_to_allocate answers num_gpu_blocks + 1
         e = self.next_stop(rid, n)
         need = max(0, cdiv(e, c.bs_fa) - len(hit.fa)) + (1 if n % c.bs_fa else 0) + 1
         need += len({b for b in hit.fa + hit.mamba if b != NULL and self.ref[b] == 0})
@@ -392,9 +359,7 @@ class State:
         cow = self.get_new_blocks(1)[0]
         table[idx] = cow
         self.ref[cow] += 1
-        self.pending_copies.append((g, src, cow))
-        if self.cfg.mutant == "release_early":
-            self.free_blocks([src, cow])
+        self.queue_copy(g, src, cow)
 
     def _continue(self, rid: int) -> None:
         c, r = self.cfg, self.reqs[rid]
@@ -413,14 +378,9 @@ class State:
             assert r.marker is not None
             src, n = r.marker
             cow = self.get_new_blocks(1)[0]
-            for k in self.block_keys(src) if c.mutant != "no_key_move" else []:
-                self.keys[k] = cow  # move_block_hashes(source, cow)
-                self.this_step.add(k)
-                self.fresh.add(k)
+            self.move_block_hashes(src, cow)
             self.ref[src] += 1
-            self.pending_copies.append((MAMBA, src, cow))
-            if c.mutant == "release_early":
-                self.free_blocks([src, cow])
+            self.queue_copy(MAMBA, src, cow)
             self.offloads.append((rid, MAMBA, cow, n))
             r.marker = None
         elif s % c.bs_mamba == 0:
@@ -443,7 +403,7 @@ class State:
         if e % c.bs_mamba == 0:  # aligned snapshot: registered and handed off
             if self.register((MAMBA, p[:e]), run, True):
                 self.offloads.append((rid, MAMBA, run, e))
-        elif e == c.ck(len(p)) and e % c.h == 0:  # sub-block producer tail
+        elif e == self.ck(len(p)) and e % c.h == 0:  # sub-block producer tail
             if self.register((MAMBA, p[:e]), run, True):
                 r.marker = (run, e)
 
@@ -452,11 +412,8 @@ class State:
         the request's undrained hand-offs), restart from 0, no finalize."""
         r = self.reqs[rid]
         self.scheduled[rid] = 0  # dropped from this step's batch, not rescheduled in it
-        if self.cfg.mutant != "handoff_after_free":
-            self.offloads = [o for o in self.offloads if o[0] != rid]
-        self.free_blocks(list(reversed(r.fa)) + list(reversed(r.mamba)))
-        if self.cfg.mutant != "double_free":
-            r.fa, r.mamba = [], []
+        self.drop_handoffs(rid)
+        self.free_blocks(self.pop_tables(r))
         r.status, r.computed, r.marker, r.stops, r.epoch = "waiting", 0, None, (), r.epoch + 1
 
     def do_end_schedule(self) -> None:
@@ -466,11 +423,8 @@ class State:
         offloads, self.offloads = self.offloads, []
         self.copies, self.pending_copies = list(self.pending_copies), []
         ids = tuple(b for _, src, dst in self.copies for b in (src, dst))
-        if ids and self.cfg.mutant != "release_early":
-            if self.cfg.defer_block_free:
-                self.retained.append((self.step, ids, "cow"))
-            else:
-                self.free_blocks(ids)
+        if ids:
+            self.release_copies(ids)
         for rid, g, b, n in offloads:
             self._hand_off(rid, g, b, n, self.step)
         self.phase = "exec"
@@ -482,19 +436,15 @@ class State:
         c, r = self.cfg, self.reqs[rid]
         if r.status != "running" or n > len(r.prompt):
             return
-        if b == NULL and c.mutant != "pin_null":
+        if b == NULL:
             return
         puts = [(g, r.prompt[:n], b)]
         if n % c.bs_mamba:
             lo, hi = tail_put_range(n, c.lcm, c.bs_fa, 0)
             puts += [(FA, r.prompt[: min((i + 1) * c.bs_fa, n)], r.fa[i])
                      for i in range(lo, min(hi, len(r.fa))) if r.fa[i] != NULL]
-        ids = list(dict.fromkeys(pb for _, _, pb in puts))
-        if c.mutant == "pin_null":  # resolves the job's blocks positionally, unfiltered
-            ids = list(dict.fromkeys(ids + r.mamba[: cdiv(n, c.bs_mamba)]))
-        if c.mutant != "drop_pin":
-            for pb in ids:
-                self.touch(pb)
+        ids = self.job_blocks(r, puts, n)
+        self.pin(ids)
         self.jobs[self.next_job] = Job(rid, r.epoch, tuple(ids), tuple(puts), fence)
         self.next_job += 1
 
@@ -549,12 +499,12 @@ class State:
             r.marker = None
             if r.computed == n:
                 self._hand_off(rid, MAMBA, src, n, self.executed)
-        ids = list(reversed(r.fa)) + list(reversed(r.mamba))
+        ids = self.pop_tables(r)
         if self.cfg.defer_block_free:
             self.retained.append((self.step, tuple(ids), "req"))
         else:
             self.free_blocks(ids)
-        r.fa, r.mamba, r.status = [], [], "finished"
+        r.status = "finished"
 
     def do_release(self, idx: int) -> None:
         """Release a deferred retention / request free once its fence step has executed."""
@@ -587,18 +537,14 @@ class State:
                 self.store[(rank, g, p)] = self.content[b]
             self.pressure, self.skip = False, frozenset()
         elif outcome == "full" and new:
-            self.pressure = True
-            self.skip = self.skip | {j.rid}
-            if self.cfg.mutant == "put_fail_key":
-                for g, p, _ in new:
-                    self.store[(rank, g, p)] = None
+            self.mark_pressure(j.rid, rank, new)
 
     def do_report(self, jid: int, rank: int) -> None:
         """``update_connector_output``: a rank reports; the pins go when every rank has."""
         j = self.jobs[jid]
         j = replace(j, reported=j.reported | {rank})
         done = len(j.reported) == self.cfg.workers
-        if (done or self.cfg.mutant == "early_unpin") and not j.released:
+        if self.unpins(j) and not j.released:
             self.free_blocks(list(reversed(j.ids)))
             j = replace(j, released=True)
         if done:

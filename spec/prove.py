@@ -12,14 +12,15 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .invariants import ALL
 from .model import Config
 from .proofs.bmc import bmc
-from .proofs.export import mappable, to_trace
+from .proofs.export import mappable
 from .proofs.induction import all_induction, induction_mutants
 from .proofs.lemmas import all_lemmas, lemma_mutants
 from .proofs.mutants import MUTANTS, run_mutant
@@ -42,8 +43,9 @@ BMC_INSTANCES: list[tuple[str, Config, int, int]] = [
 FINDINGS: list[tuple[str, Config, int, str, str]] = [
     ("priority preemption of a same-step request", Config(priority_preempt=True), 8,
      "SchedulingPolicy.PRIORITY may preempt a request whose chunk was already scheduled and "
-     "cached this step (scheduler.py SC:944-966); its freed blocks keep keys whose KV/state was "
-     "never computed, and a later lookup hits them", "spec_finding_priority_preempt_stale_keys"),
+     "cached this step (Scheduler.schedule, SC:944-966); its freed blocks keep keys whose "
+     "KV/state was never computed, and a later lookup hits them",
+     "spec_finding_priority_preempt_stale_keys"),
 ]
 
 
@@ -66,11 +68,16 @@ def _bound(cfg: Config, depth: int) -> str:
     return f"K={depth} N={cfg.num_blocks} R={len(cfg.prompts)} W={cfg.workers}"
 
 
-def run(quick: bool = False, export: Path | None = None) -> dict[str, Any]:
-    """Run everything; return the JSON report."""
+def run(quick: bool = False, export: Path | None = None,
+        progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run everything; return the JSON report. ``progress`` is told each property before it
+    runs (the CLI prints it with the elapsed time)."""
+    say = progress or (lambda _name: None)
     props: list[Row] = []
+    say("z3 lemmas")
     for r in all_lemmas():
         props.append(Row(r.name, "z3 (unbounded ints)", "all values", r.result, r.seconds))
+    say("z3 induction step")
     for r in all_induction():
         props.append(Row(r.name, "z3 1-induction (per-block abstraction)", "all depths, any N",
                          r.result, r.seconds))
@@ -78,6 +85,7 @@ def run(quick: bool = False, export: Path | None = None) -> dict[str, Any]:
     coverage: dict[str, dict[str, int]] = {}
     for label, cfg, depth, qdepth in BMC_INSTANCES:
         d = qdepth if quick else depth
+        say(f"all invariants [{label}] (BMC, depth {d})")
         b = bmc(cfg, d)
         res = "holds" if b.ok else f"counterexample {b.violation}"
         if b.ok and b.closed:
@@ -87,6 +95,7 @@ def run(quick: bool = False, export: Path | None = None) -> dict[str, Any]:
         coverage[label] = b.coverage
     mutants: list[dict[str, Any]] = []
     for name in MUTANTS:
+        say(f"mutant {name}")
         m = run_mutant(name, Config(), 12 if not quick else 11)
         entry: dict[str, Any] = {"name": name, "killed": m.killed, "method": "BMC",
                                  "invariant": m.invariant, "message": m.message,
@@ -96,10 +105,13 @@ def run(quick: bool = False, export: Path | None = None) -> dict[str, Any]:
             entry["unmappable_reason"] = "runs a rank's store jobs out of FIFO order"
         if export is not None and m.trace and entry["mappable"]:
             path = export / f"spec_{name}.json"
+            from tailproof.conformance.spec_export import to_trace  # the harness writes traces
+
             doc = to_trace(m.config, m.trace, f"spec_{name}", describe(name, m))
             path.write_text(json.dumps(doc, indent=1) + "\n")
             entry["trace"] = str(path)
         mutants.append(entry)
+    say("lemma and induction mutants")
     for name, results in lemma_mutants().items():
         killed = any(r.result == "counterexample" for r in results)
         mutants.append({"name": f"lemma:{name}", "killed": killed, "method": "z3 lemma",
@@ -112,6 +124,7 @@ def run(quick: bool = False, export: Path | None = None) -> dict[str, Any]:
                         "seconds": round(r.seconds, 3)})
     findings = []
     for label, cfg, depth, why, fname in FINDINGS:
+        say(f"finding: {label}")
         b = bmc(cfg, depth)
         f: dict[str, Any] = {"name": label, "bound": _bound(cfg, depth),
                              "result": "holds" if b.ok else "counterexample",
@@ -120,6 +133,8 @@ def run(quick: bool = False, export: Path | None = None) -> dict[str, Any]:
                              "steps": [list(a) for a in b.trace or []], "explanation": why,
                              "seconds": round(b.seconds, 3)}
         if export is not None and b.trace and mappable(b.trace):
+            from tailproof.conformance.spec_export import to_trace  # the harness writes traces
+
             doc = to_trace(cfg, b.trace, fname, f"Spec finding: {why}. The spec's ghost "
                            f"check reports {f['invariant']} ({f['message']}); the final "
                            "lookup of r1 hits the never-computed blocks.")
@@ -134,7 +149,7 @@ def run(quick: bool = False, export: Path | None = None) -> dict[str, Any]:
 
 def describe(name: str, m: Any) -> str:
     """The description of an exported mutant counterexample."""
-    what = MUTANTS[name][0]
+    what = MUTANTS[name].what
     return (f"Spec counterexample for the seeded mutant '{name}' ({what}): this op sequence is a "
             f"real vLLM 0.33 scenario reaching the rule's precondition; on the mutated model "
             f"it violates {m.invariant} ({m.message}). Reference and vLLM must agree on it.")
@@ -163,8 +178,19 @@ def print_table(report: dict[str, Any]) -> None:
         mark = "killed " if m["killed"] else "SURVIVED"
         print(f"  {mark} {m['name']:<30} {m['method']:<18} {m.get('invariant') or ''} "
               f"{(m.get('message') or '')[:70]}")
+    if report["findings"]:
+        print("\nFindings about vLLM 0.33 (behaviour of vLLM the spec reports; not failures of "
+              "tailproof, they do not change the exit status):")
     for f in report["findings"]:
-        print(f"\nfinding ({f['result']}, {f['invariant']}): {f['name']} -- {f['explanation']}")
+        shown = "counterexample found" if f["result"] == "counterexample" else f["result"]
+        print(f"  {f['name']}: {shown} ({f['invariant']}) -- {f['explanation']}")
+
+
+def stderr_progress(t0: float) -> Callable[[str], None]:
+    """Print each property as it starts, with the elapsed seconds, on stderr."""
+    def say(name: str) -> None:
+        print(f"prove [{time.monotonic() - t0:6.1f}s] {name}", file=sys.stderr, flush=True)
+    return say
 
 
 def main(argv: list[str]) -> int:
@@ -175,7 +201,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--export", type=Path, help="write mutant counterexample traces here")
     args = ap.parse_args([a for a in argv if a != "--"])  # `tailproof prove -- --quick`
     t0 = time.monotonic()
-    report = run(quick=args.quick, export=args.export)
+    report = run(quick=args.quick, export=args.export, progress=stderr_progress(t0))
     report["seconds"] = round(time.monotonic() - t0, 3)
     if args.json:
         print(json.dumps(report, indent=2))
@@ -188,5 +214,3 @@ def main(argv: list[str]) -> int:
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
 
-
-__all__ = ["main", "run", "replace"]

@@ -23,6 +23,7 @@ class AdapterSpec:
     core: str
     connector: str | None
     summary: str
+    takes_options: bool = False  # whether make_driver's ``options`` reach its connector
 
 
 ADAPTERS: dict[str, AdapterSpec] = {a.name: a for a in [
@@ -34,47 +35,47 @@ ADAPTERS: dict[str, AdapterSpec] = {a.name: a for a in [
                 "tailproof.conformance.adapters.vllm_mooncake:VllmMooncakeConnector",
                 "vLLM 0.33 KVCacheManager + MooncakeStoreScheduler + sending thread"),
     AdapterSpec("impl", _VLLM_CORE, "tailproof.conformance.adapters.impl:ImplConnector",
-                "vLLM 0.33 KVCacheManager + TailproofConnector with real KV tensors"),
+                "vLLM 0.33 KVCacheManager + TailproofConnector with real KV tensors",
+                takes_options=True),
 ]}
 
 
 class AdapterUnavailable(RuntimeError):
-    """An adapter whose code or dependencies are not installed here."""
+    """An adapter whose dependencies (vLLM, torch) are not installed here."""
 
 
 def _load(path: str) -> Any:
     module, _, attr = path.partition(":")
     try:
         return getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as e:
+    except ImportError as e:
         raise AdapterUnavailable(f"{path}: {e}") from e
 
 
-def make_driver(name: str, config: TraceConfig) -> CoreDriver:
-    """A fresh driver for one trace on the named adapter."""
+def make_driver(name: str, config: TraceConfig,
+                options: dict[str, Any] | None = None) -> CoreDriver:
+    """A fresh driver for one trace on the named adapter. ``options`` configure its connector:
+    the ``impl`` adapter takes ``store`` (memory | mooncake), ``store_config`` and ``device``;
+    the others take none."""
     if name not in ADAPTERS:
         raise KeyError(f"unknown adapter {name!r}; known: {', '.join(ADAPTERS)}")
     spec = ADAPTERS[name]
+    if options and not spec.takes_options:
+        raise ValueError(f"adapter {name!r} takes no options, got {sorted(options)}")
     core = _load(spec.core)(config)
     connector = None
     if spec.connector is not None:
-        try:
-            cls = _load(spec.connector)
-        except AdapterUnavailable:
-            if name != "reference":
-                raise
-            cls = None  # the reference connector model is optional for core-only runs
-        if cls is not None:
-            connector = cls(config, core)
+        cls = _load(spec.connector)
+        connector = cls(config, core, options) if spec.takes_options else cls(config, core)
     return CoreDriver(config, core, connector)
 
 
 def available(name: str) -> bool:
-    """Whether the adapter's code and dependencies import here."""
+    """Whether the adapter's dependencies import here."""
     spec = ADAPTERS[name]
     try:
         _load(spec.core)
-        if spec.connector and name != "reference":
+        if spec.connector:
             _load(spec.connector)
     except AdapterUnavailable:
         return False

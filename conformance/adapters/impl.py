@@ -3,16 +3,19 @@
 - core: vLLM 0.33's real ``KVCacheManager`` (``VllmCoreBackend``); the connector's scheduler
   role (``SchedulerSide``) pins blocks of its real ``BlockPool``;
 - workers: one ``WorkerSide`` per rank over real torch KV tensors (``SimRunner`` layouts; on
-  CUDA when available, else CPU; ``TAILPROOF_IMPL_DEVICE`` or the ``device`` option overrides), its
-  store jobs queued by ``conn_step`` and run by ``worker_run`` exactly as in production
-  (``wait_for_save`` = enqueue + run);
-- store: a real store (``make_store``: ``memory`` by default, ``mooncake`` with
-  ``TAILPROOF_STORE=mooncake`` and ``TAILPROOF_STORE_CONFIG='{"master_address": ...}'``, or the
-  ``store`` / ``store_config`` class options) behind :class:`ScriptedStore`, which applies the
-  trace's scripted put outcomes and keeps the observation tags.
+  CUDA when available, else CPU; the ``device`` option overrides), its store jobs queued by
+  ``conn_step`` and run by ``worker_run`` exactly as in production (``wait_for_save`` =
+  enqueue + run);
+- store: a real store (``make_store``: the ``store`` option, ``memory`` by default or
+  ``mooncake`` with ``store_config={"master_address": ...}``) behind :class:`ScriptedStore`,
+  which applies the trace's scripted put outcomes and keeps the observation tags.
 
-Data integrity: every committed chunk is "computed" by writing bytes derived from (rank, layer,
-group, token prefix) into the request's blocks, and every CoW copy is applied to the tensors.
+Options come from ``make_driver(name, config, options)`` (the CLI's ``--store`` /
+``--mooncake-master`` / ``--device``).
+
+Data integrity: the adapter is the core backend's ``KVObserver``: every committed chunk is
+"computed" by writing bytes derived from (rank, layer, group, token prefix) into the request's
+blocks, and every CoW copy is applied to the tensors as soon as the core queues it.
 Each put is then checked byte for byte against what its key's prefix must hold, and each load
 (run right after the step that scheduled it) against what the loading request's prefix must
 be; reading a CoW source instead of its target, a stale block or a wrong offset raises
@@ -23,25 +26,28 @@ divergence from the reference, which never errs there.
 from __future__ import annotations
 
 import json
-import os
 import uuid
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import replace
 from types import SimpleNamespace
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
+from tailproof.conformance.adapters.runner_sim import GroupShape, SimRunner
+from tailproof.conformance.adapters.vllm_core import scheduler_output
 from tailproof.conformance.connector_ops import ConnectorAdapter, batch_obs, job_obs
 from tailproof.impl.config import Settings, StoreGeometry
 from tailproof.impl.connector import build_coordinator
+from tailproof.impl.fingerprint import geometry_fingerprint
+from tailproof.impl.keys import KeySpace, parse_key
 from tailproof.impl.kv_layout import KVLayout
 from tailproof.impl.lookup import StoreLookup
-from tailproof.impl.meta import TailproofMeta, TailproofWorkerMeta, store_key
-from tailproof.impl.runner_sim import GroupShape, SimRunner
+from tailproof.impl.meta import TailproofMeta, TailproofWorkerMeta
 from tailproof.impl.scheduler_side import SchedulerSide
 from tailproof.impl.stores import Outcome, Store, make_store
+from tailproof.impl.value_format import HEADER_BYTES, slot_nbytes
 from tailproof.impl.worker_side import WorkerSide
 from tailproof.reference.connector.store import check_script, codes_for
 
@@ -67,8 +73,9 @@ class ScriptedStore(Store):
 
     name = "scripted"
 
-    def __init__(self, inner: Store, verify: Any) -> None:
+    def __init__(self, inner: Store, verify: Any, tp_size: int = 1) -> None:
         self.inner = inner
+        self.tp_size = tp_size
         self.verify = verify  # (key, tag, buffer) -> None, raises nothing, records problems
         self.tags: dict[str, Tag] = {}
         self.script: deque[Any] = deque()
@@ -80,8 +87,9 @@ class ScriptedStore(Store):
 
     def tag(self, key: str) -> Tag:
         rid, boundary_of = self.context
-        _, rank, group, hexhash = key.split("@")
-        return int(rank[1:].split("of")[0]), int(group[1:]), boundary_of[hexhash], rid
+        k = parse_key(key)
+        rank = k.tp_rank + k.pp_rank * self.tp_size
+        return rank, k.group, boundary_of[k.block_hash.hex()], rid
 
     def exists(self, keys: Sequence[str]) -> list[bool]:
         real = self.inner.exists(list(keys))
@@ -111,6 +119,11 @@ class ScriptedStore(Store):
     def get_batch(self, keys: Sequence[str], buffers: Sequence[Any]) -> list[Outcome]:
         outs = self.inner.get_batch(list(keys), list(buffers))
         return [o if k in self.tags else Outcome.miss() for k, o in zip(keys, outs, strict=True)]
+
+    def remove(self, keys: Sequence[str]) -> int:
+        for k in keys:
+            self.tags.pop(k, None)
+        return self.inner.remove(list(keys))
 
     def remove_all(self) -> int:
         self.tags.clear()
@@ -143,16 +156,15 @@ def close_shared_stores() -> None:
 
 
 class ImplConnector(ConnectorAdapter):
-    """The ``impl`` adapter's connector half (see module docstring)."""
+    """The ``impl`` adapter's connector half (see module docstring). ``options``: ``store``
+    (memory | mooncake), ``store_config`` (e.g. ``{"master_address": ...}``), ``device``."""
 
-    #: Options the CLI may set before constructing (else env TAILPROOF_STORE[_CONFIG]).
-    options: ClassVar[dict[str, Any]] = {}
-
-    def __init__(self, config: Any, core_backend: Any) -> None:
+    def __init__(self, config: Any, core_backend: Any,
+                 options: dict[str, Any] | None = None) -> None:
         super().__init__(config)
+        options = options or {}
         self.core = core_backend
-        manager = core_backend.manager
-        kv_config = manager.kv_cache_config
+        kv_config = core_backend.kv_cache_config
         n = self.conf["num_workers"]
         groups = list(config.groups)
         geo = StoreGeometry(
@@ -160,13 +172,12 @@ class ImplConnector(ConnectorAdapter):
             block_sizes=tuple(g.block_size for g in groups),
             is_mamba=tuple(bool(g.is_mamba) for g in groups),
             hash_block_size=config.hash_block_size, lcm_block_size=config.scheduler_block_size,
-            partial_hits=bool(getattr(manager.coordinator, "enable_partial_hash_hits", False)),
+            partial_hits=core_backend.partial_hits,
             use_eagle=bool(config.use_eagle), num_blocks=config.num_blocks)
         self.coord = build_coordinator(geo, kv_config, 1)
         self.geo = geo = replace(geo, eagle_group_ids=frozenset(self.coord.eagle_group_ids))
-        kind = self.options.get("store") or os.environ.get("TAILPROOF_STORE", "memory")
-        extra = dict(self.options.get("store_config") or
-                     json.loads(os.environ.get("TAILPROOF_STORE_CONFIG", "{}") or "{}"))
+        kind = options.get("store") or "memory"
+        extra = dict(options.get("store_config") or {})
         ns = f"{NAMESPACE}-{uuid.uuid4().hex[:10]}"
         self.settings = Settings(
             kv_role=_ROLE[self.conf["role"]], store=kind, namespace=ns,
@@ -176,67 +187,32 @@ class ImplConnector(ConnectorAdapter):
         self.byte_errors: list[str] = []
         self.job_tokens: dict[int, list[int]] = {}
         self.current_job: int | None = None
-        self.store = ScriptedStore(_inner_store(kind, extra), self._verify_put)
-        self.lookup_client = StoreLookup(geo, self.coord, self.store.exists, ns, n)
+        self.store = ScriptedStore(_inner_store(kind, extra), self._verify_put, n)
+        self.keys = KeySpace(ns, geometry_fingerprint(geo).digest, n)
+        self.lookup_client = StoreLookup(geo, self.coord, self.store.exists, self.keys, n)
         self.sched = SchedulerSide(self.settings, geo, self.lookup_client, n)
         self.sched.bind_gpu_block_pool(core_backend.block_pool)
         shapes = [GroupShape("mamba" if g.is_mamba else "full_attention", g.block_size)
                   for g in groups]
-        device = self.options.get("device") or os.environ.get("TAILPROOF_IMPL_DEVICE") or (
-            "cuda" if torch.cuda.is_available() else "cpu")
+        device = options.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
         self.runners = [SimRunner(shapes, config.num_blocks, rank=r, device=device)
                         for r in range(n)]
         self.workers = []
         for r, runner in enumerate(self.runners):
-            ws = WorkerSide(self.settings, geo, self.store, r, n, self.coord)
+            ws = WorkerSide(self.settings, geo, self.store, r, n, self.coord, tp_size=n)
             ws.register_kv_caches(runner.kv, runner.layer_names)
             self.workers.append(ws)
-        self._install_kv_hooks()
+        core_backend.observer = self
 
-    # --- KV simulation: forwards on commit, CoW copies when queued ------------------------
+    # --- KV simulation (KVObserver): forwards on commit, CoW copies when queued ----------
 
-    def _install_kv_hooks(self) -> None:
-        core = self.core
-        orig_set, orig_alloc, orig_drain = core.set_counters, core.allocate, core.drain_copies
-        self._applied = [0] * len(self._cow_lists())
-
-        def set_counters(rid: str, *, num_computed_tokens: int | None = None,
-                         num_in_flight_tokens: int | None = None) -> None:
-            before = core.get(rid).num_computed_tokens
-            orig_set(rid, num_computed_tokens=num_computed_tokens,
-                     num_in_flight_tokens=num_in_flight_tokens)
-            if num_computed_tokens is not None and num_computed_tokens > before:
-                self._forward(rid, before, num_computed_tokens)
-
-        def allocate(rid: str, num_new_tokens: int, **kw: Any) -> Any:
-            out = orig_alloc(rid, num_new_tokens, **kw)
-            self._apply_new_copies()
-            return out
-
-        def drain_copies() -> Any:
-            self._apply_new_copies()
-            out = orig_drain()
-            self._applied = [0] * len(self._applied)
-            return out
-
-        core.set_counters, core.allocate, core.drain_copies = set_counters, allocate, drain_copies
-
-    def _cow_lists(self) -> list[list[Any]]:
-        return [m._pending_cow_copies
-                for m in self.core.manager.coordinator.single_type_managers]
-
-    def _apply_new_copies(self) -> None:
+    def copies(self, pairs: list[tuple[int, int]]) -> None:
         """Run each CoW copy as soon as it is queued: before this step's forward, as vLLM's
         worker does (copies precede the forward, and nothing writes in between)."""
-        for i, lst in enumerate(self._cow_lists()):
-            new = lst[self._applied[i]:]
-            self._applied[i] = len(lst)
-            if new:
-                pairs = [(src.block_id, dst.block_id) for src, dst in new]
-                for runner in self.runners:
-                    runner.copy_blocks(pairs)
+        for runner in self.runners:
+            runner.copy_blocks(pairs)
 
-    def _forward(self, rid: str, start: int, end: int) -> None:
+    def computed(self, rid: str, start: int, end: int) -> None:
         req = self.core.requests[rid]
         tables = self.core.table(rid)
         for runner in self.runners:
@@ -247,7 +223,7 @@ class ImplConnector(ConnectorAdapter):
         tokens = self.job_tokens.get(self.current_job)
         if tokens is None:
             tokens = list(self.core.requests[rid].all_token_ids)
-        data = torch.as_tensor(buf).reshape(-1).view(torch.uint8)
+        data = torch.as_tensor(buf).reshape(-1).view(torch.uint8)[HEADER_BYTES:]
         bad = self.runners[rank].check_block_bytes(group, data.clone(), tokens, boundary,
                                                    f"job{self.current_job}")
         self.byte_errors += [f"put {rid} {tag}: {b}" for b in bad]
@@ -270,7 +246,7 @@ class ImplConnector(ConnectorAdapter):
 
     # --- scheduler side ----------------------------------------------------------------
 
-    def after_alloc(self, driver: Any, rid: str, table: tuple[list[int], ...],
+    def after_alloc(self, rid: str, table: tuple[list[int], ...],
                     external: int) -> None:
         blocks = SimpleNamespace(get_block_ids=lambda group_ids=None: tuple(
             list(table[g]) for g in (group_ids if group_ids is not None else range(len(table)))))
@@ -282,36 +258,11 @@ class ImplConnector(ConnectorAdapter):
                        job.publish_partial_tail,
                        [(p.group_id, p.block_id, p.num_tokens) for p in job.boundary_puts], pins)
 
-    def build(self, driver: Any, rows: list[tuple[str, int, str, tuple[list[int], ...], int]],
+    def build(self, rows: list[tuple[str, int, str, tuple[list[int], ...], int]],
               finished: set[str], preempted: set[str],
               offloads: dict[str, list[tuple[int, int, int]]],
               table: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        from vllm.v1.core.sched.output import KVConnectorBlockState
-
-        new_reqs, cached = [], []
-        for rid, _, kind, ids, computed in rows:
-            if kind == "new":
-                req = self._req(rid)
-                new_reqs.append(SimpleNamespace(
-                    req_id=rid, block_ids=tuple(list(g) for g in ids),
-                    num_computed_tokens=computed, prompt_token_ids=req.prompt_token_ids,
-                    prefill_token_ids=None))
-            else:
-                cached.append((rid, kind, ids, computed))
-        cached.sort(key=lambda c: c[1] == "resumed")  # running first, then resumed (SC:1939)
-        cached_data = SimpleNamespace(
-            req_ids=[c[0] for c in cached],
-            resumed_req_ids={c[0] for c in cached if c[1] == "resumed"},
-            new_block_ids=[c[2] if any(c[2]) else None for c in cached],
-            num_computed_tokens=[c[3] for c in cached])
-        block_state = KVConnectorBlockState(
-            req_ids={r[0] for r in rows} | set(offloads),
-            resolve_block_ids=lambda rid: tuple(list(g) for g in table(rid)),
-            boundary_state_offloads={rid: list(e) for rid, e in offloads.items()})
-        so = SimpleNamespace(
-            finished_req_ids=set(finished), preempted_req_ids=set(preempted),
-            scheduled_new_reqs=new_reqs, scheduled_cached_reqs=cached_data,
-            num_scheduled_tokens={r[0]: r[1] for r in rows}, kv_connector_block_state=block_state)
+        so = scheduler_output(rows, finished, preempted, offloads, table, self.core.requests)
         meta = self.sched.build_connector_meta(so)
         for j in meta.stores:
             if j.store_job_id not in self.job_tokens:
@@ -350,7 +301,7 @@ class ImplConnector(ConnectorAdapter):
     def pinned(self) -> dict[int, tuple[list[int], int]]:
         return self.sched.pinned_saves
 
-    def register(self, driver: Any, rid: str, block_ids: tuple[list[int], ...],
+    def register(self, rid: str, block_ids: tuple[list[int], ...],
                  tails: list[tuple[int, int, int]]) -> dict[str, Any] | None:
         before = self.sched.next_store_job_id
         delay = self.sched.register_finished_partial_tail(self._req(rid), block_ids, tails)
@@ -369,7 +320,7 @@ class ImplConnector(ConnectorAdapter):
 
     # --- workers -----------------------------------------------------------------------
 
-    def run_worker(self, driver: Any, w: int, n: int | None,
+    def run_worker(self, w: int, n: int | None,
                    script: Any) -> list[dict[str, Any]]:
         self.store.set_script(script)
         ws = self.workers[w]
@@ -406,14 +357,14 @@ class ImplConnector(ConnectorAdapter):
 
     # --- lookups and store -------------------------------------------------------------
 
-    def store_lookup(self, driver: Any, rid: str, n: int) -> tuple[int, list[tuple[int, int]]]:
+    def store_lookup(self, rid: str, n: int) -> tuple[int, list[tuple[int, int]]]:
         res = self.lookup_client.lookup(n, self._req(rid).block_hashes)
         return res.hit_length, [tuple(t) for t in res.tail_key_boundaries]
 
-    def matched(self, driver: Any, rid: str, num_computed: int) -> tuple[int | None, bool]:
+    def matched(self, rid: str, num_computed: int) -> tuple[int | None, bool]:
         return self.sched.get_num_new_matched_tokens(self._req(rid), num_computed)
 
-    def seed(self, driver: Any, rid: str, keys: list[tuple[int, ...]], workers: list[int],
+    def seed(self, rid: str, keys: list[tuple[int, ...]], workers: list[int],
              remove: bool) -> int:
         req = self._req(rid)
         hashes = req.block_hashes
@@ -421,14 +372,16 @@ class ImplConnector(ConnectorAdapter):
         n = 0
         for r in workers:
             for g, b in keys:
-                key = store_key(self.settings.namespace, r, len(self.workers), g,
-                                bytes(hashes[b // h - 1]))
+                key = self.keys.key(r, g, bytes(hashes[b // h - 1]))
                 if remove:
                     n += int(self.store.tags.pop(key, None) is not None)
                     continue
                 value = self.runners[r].expected_block_bytes(g, req.all_token_ids, b, rid)
                 self._check_size(g, value)
-                out = self.store.inner.put(key, value.contiguous())
+                slot = torch.empty(slot_nbytes(value.numel()), dtype=torch.uint8)
+                slot[HEADER_BYTES:].copy_(value.reshape(-1).cpu())
+                self.workers[r].codec.seal(key, slot)
+                out = self.store.inner.put(key, slot)
                 if out.saved:
                     self.store.tags[key] = (r, g, b, rid)
                     n += 1

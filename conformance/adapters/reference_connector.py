@@ -43,7 +43,7 @@ class ReferenceConnector(ConnectorAdapter):
 
     # --- scheduler side ----------------------------------------------------------------
 
-    def after_alloc(self, driver: Any, rid: str, table: tuple[list[int], ...],
+    def after_alloc(self, rid: str, table: tuple[list[int], ...],
                     external: int) -> None:
         self.sched.update_state_after_alloc(self._req(rid), table, external)
 
@@ -55,7 +55,7 @@ class ReferenceConnector(ConnectorAdapter):
                        [(p.group_id, p.block_id, p.num_tokens) for p in job.boundary_puts],
                        pins)
 
-    def build(self, driver: Any, rows: list[tuple[str, int, str, tuple[list[int], ...], int]],
+    def build(self, rows: list[tuple[str, int, str, tuple[list[int], ...], int]],
               finished: set[str], preempted: set[str],
               offloads: dict[str, list[tuple[int, int, int]]],
               table: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -78,7 +78,7 @@ class ReferenceConnector(ConnectorAdapter):
     def pinned(self) -> dict[int, tuple[list[int], int]]:
         return self.sched.pinned_saves
 
-    def register(self, driver: Any, rid: str, block_ids: tuple[list[int], ...],
+    def register(self, rid: str, block_ids: tuple[list[int], ...],
                  tails: list[tuple[int, int, int]]) -> dict[str, Any] | None:
         job = self.sched.register_finished_partial_tail(self._req(rid), block_ids, tails)
         return self._job_obs(job) if job is not None else None
@@ -90,7 +90,7 @@ class ReferenceConnector(ConnectorAdapter):
 
     # --- workers -----------------------------------------------------------------------
 
-    def run_worker(self, driver: Any, w: int, n: int | None,
+    def run_worker(self, w: int, n: int | None,
                    script: Any) -> list[dict[str, Any]]:
         self.store.set_script(script)
         ran = self.workers[w].run(n)
@@ -120,11 +120,11 @@ class ReferenceConnector(ConnectorAdapter):
     def _present(self, gid: int, digest: bytes) -> bool:
         return all((r, gid, digest) in self.store.keys for r in range(len(self.workers)))
 
-    def store_lookup(self, driver: Any, rid: str, n: int) -> tuple[int, list[tuple[int, int]]]:
+    def store_lookup(self, rid: str, n: int) -> tuple[int, list[tuple[int, int]]]:
         res = store_lookup(self.geo, n, self._req(rid).block_hashes, self._present)
         return res.hit_length, [tuple(t) for t in res.tail_key_boundaries]
 
-    def matched(self, driver: Any, rid: str, num_computed: int) -> tuple[int | None, bool]:
+    def matched(self, rid: str, num_computed: int) -> tuple[int | None, bool]:
         req = self._req(rid)
 
         def lookup() -> Any:
@@ -134,7 +134,7 @@ class ReferenceConnector(ConnectorAdapter):
             self.geo, self.cconf.enable_lookup, self.cconf.load_async, self.sched.load_specs, rid,
             req.num_tokens, num_computed, lookup)
 
-    def seed(self, driver: Any, rid: str, keys: list[tuple[int, ...]], workers: list[int],
+    def seed(self, rid: str, keys: list[tuple[int, ...]], workers: list[int],
              remove: bool) -> int:
         hashes = self._req(rid).block_hashes
         h = self.geo.hash_block_size

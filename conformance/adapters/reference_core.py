@@ -106,6 +106,14 @@ class ReferenceCoreBackend:
         blocks, _ = self.pending[rid]
         return _ids(self.manager.truncate_computed_blocks(blocks, num_tokens))
 
+    def truncate_pending(self, rid: str, num_tokens: int) -> None:
+        blocks, _ = self.pending[rid]
+        self.pending[rid] = (self.manager.truncate_computed_blocks(blocks, num_tokens), num_tokens)
+
+    def block_ids_for_computed_tokens(self, rid: str) -> list[list[int]]:
+        return self.manager.get_block_ids_for_computed_tokens(
+            rid, self.requests[rid].num_computed_tokens)
+
     # -- copies, hand-offs, finish ------------------------------------------------------
     def drain_copies(self) -> tuple[list[tuple[int, int]], list[int]]:
         copies, retained = self.manager.take_kv_cache_block_copies()

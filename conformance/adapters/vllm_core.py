@@ -13,7 +13,7 @@ import warnings
 from types import SimpleNamespace
 from typing import Any
 
-from tailproof.conformance.backend import RequestView
+from tailproof.conformance.backend import KVObserver, RequestView
 from tailproof.conformance.trace import TraceConfig
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
@@ -73,10 +73,25 @@ class VllmCoreBackend:
         self.block_pool = self.manager.block_pool
         self.requests: dict[str, Any] = {}
         self.pending: dict[str, tuple[Any, int]] = {}
+        # With an observer, CoW copies are taken from the managers as soon as they are queued
+        # (per group, so a drain returns them in vLLM's order) and reported to it.
+        self.observer: KVObserver | None = None
+        self._queued_copies: list[list[tuple[Any, Any]]] = [
+            [] for _ in self.manager.coordinator.single_type_managers]
         self._boundary_of: dict[bytes, int] = {}
         self._hashed: dict[int, int] = {}  # id(request) -> hashes already mapped
         self._all_requests: list[Any] = []
         self._split_self = self._make_split_self()
+
+    @property
+    def kv_cache_config(self) -> Any:
+        return self.manager.kv_cache_config
+
+    @property
+    def partial_hits(self) -> bool:
+        """vLLM's own answer (``HybridKVCacheCoordinator.enable_partial_hash_hits``, CO:694),
+        the one every adapter over this backend uses."""
+        return bool(self.manager.coordinator.enable_partial_hash_hits)
 
     def _make_split_self(self) -> SimpleNamespace | None:
         """The attributes ``Scheduler._mamba_block_aligned_split`` reads (SC:546-662)."""
@@ -84,8 +99,7 @@ class VllmCoreBackend:
         mamba = [g.block_size for g in cfg.groups if g.is_mamba]
         if not mamba:
             return None  # need_mamba_block_aligned_split is False: no split
-        partial = (cfg.hash_block_size < cfg.scheduler_block_size
-                   and self.manager.coordinator.enable_partial_hash_hits)
+        partial = cfg.hash_block_size < cfg.scheduler_block_size and self.partial_hits
         return SimpleNamespace(
             block_size=cfg.scheduler_block_size,
             cache_config=SimpleNamespace(block_size=cfg.split_block_size or max(mamba)),
@@ -126,12 +140,16 @@ class VllmCoreBackend:
     def set_counters(self, rid: str, *, num_computed_tokens: int | None = None,
                      num_in_flight_tokens: int | None = None) -> None:
         r = self.requests[rid]
+        before = r.num_computed_tokens
         if num_computed_tokens is not None:
             r.num_computed_tokens = num_computed_tokens
             if r.status in (self.v.RequestStatus.WAITING, self.v.RequestStatus.PREEMPTED):
                 r.status = self.v.RequestStatus.RUNNING
         if num_in_flight_tokens is not None:
             r.num_in_flight_tokens = num_in_flight_tokens
+        if (self.observer is not None and num_computed_tokens is not None
+                and num_computed_tokens > before):
+            self.observer.computed(rid, before, num_computed_tokens)
 
     def new_step(self) -> None:
         self.manager.new_step_starts()
@@ -162,6 +180,7 @@ class VllmCoreBackend:
             req, num_new_tokens, num_new_computed_tokens=hit, new_computed_blocks=blocks,
             num_lookahead_tokens=lookahead, num_external_computed_tokens=external,
             delay_cache_blocks=delay_cache)
+        self._report_copies()
         if new is None:
             return None
         # Scheduler.schedule: request.num_computed_tokens = hit + external (SC:1537).
@@ -174,11 +193,42 @@ class VllmCoreBackend:
         out = self.manager.truncate_computed_blocks(blocks, num_tokens)
         return [list(ids) for ids in out.get_block_ids()]
 
+    def truncate_pending(self, rid: str, num_tokens: int) -> None:
+        blocks, _ = self.pending[rid]
+        self.pending[rid] = (self.manager.truncate_computed_blocks(blocks, num_tokens), num_tokens)
+
+    def block_ids_for_computed_tokens(self, rid: str) -> list[list[int]]:
+        ids = self.manager.get_block_ids_for_computed_tokens(
+            rid, self.requests[rid].num_computed_tokens)
+        return [list(g) for g in ids]
+
     # -- copies, hand-offs, finish ------------------------------------------------------
+    def _report_copies(self) -> None:
+        """Move newly queued CoW copies into ``_queued_copies`` and report them (observer only;
+        ``SingleTypeKVCacheManager.take_pending_cow_copies``, the drain vLLM itself uses)."""
+        if self.observer is None:
+            return
+        new: list[tuple[int, int]] = []
+        for queued, mgr in zip(self._queued_copies,
+                               self.manager.coordinator.single_type_managers, strict=True):
+            pairs = mgr.take_pending_cow_copies()
+            queued.extend(pairs)
+            new += [(src.block_id, dst.block_id) for src, dst in pairs]
+        if new:
+            self.observer.copies(new)
+
     def drain_copies(self) -> tuple[list[tuple[int, int]], list[int]]:
-        copies, retained = self.manager.take_kv_cache_block_copies()
-        self._retained_blocks = {b.block_id: b for b in retained}
-        return [(c.src_block_id, c.dst_block_id) for c in copies], [b.block_id for b in retained]
+        """``take_kv_cache_block_copies``: copies in group order, retained ids pair by pair."""
+        if self.observer is None:
+            copies, retained = self.manager.take_kv_cache_block_copies()
+            return ([(c.src_block_id, c.dst_block_id) for c in copies],
+                    [b.block_id for b in retained])
+        self._report_copies()
+        pairs = [p for queued in self._queued_copies for p in queued]
+        for queued in self._queued_copies:
+            queued.clear()
+        return ([(src.block_id, dst.block_id) for src, dst in pairs],
+                [b.block_id for pair in pairs for b in pair])
 
     def release(self, block_ids: list[int]) -> None:
         self.block_pool.free_blocks(self.block_pool.blocks[i] for i in block_ids)
@@ -249,3 +299,36 @@ class VllmCoreBackend:
             blocks = val.values() if isinstance(val, dict) else [val]
             out.extend((group, boundary, b.block_id) for b in blocks)
         return sorted(out)
+
+
+def scheduler_output(rows: list[tuple[str, int, str, tuple[list[int], ...], int]],
+                     finished: set[str], preempted: set[str],
+                     offloads: dict[str, list[tuple[int, int, int]]], table: Any,
+                     requests: dict[str, Any]) -> SimpleNamespace:
+    """A stand-in ``SchedulerOutput`` with exactly the fields a connector's
+    ``build_connector_meta`` reads, for one ``conn_step`` (``rows``: rid, tokens, kind, block
+    ids, computed tokens). Cached requests list running ones first, then resumed (SC:1939)."""
+    from vllm.v1.core.sched.output import KVConnectorBlockState
+
+    new_reqs, cached = [], []
+    for rid, _, kind, ids, computed in rows:
+        if kind == "new":
+            new_reqs.append(SimpleNamespace(
+                req_id=rid, block_ids=tuple(list(g) for g in ids), num_computed_tokens=computed,
+                prompt_token_ids=requests[rid].prompt_token_ids, prefill_token_ids=None))
+        else:
+            cached.append((rid, kind, ids, computed))
+    cached.sort(key=lambda c: c[1] == "resumed")
+    cached_data = SimpleNamespace(
+        req_ids=[c[0] for c in cached],
+        resumed_req_ids={c[0] for c in cached if c[1] == "resumed"},
+        new_block_ids=[c[2] if any(c[2]) else None for c in cached],
+        num_computed_tokens=[c[3] for c in cached])
+    block_state = KVConnectorBlockState(
+        req_ids={r[0] for r in rows} | set(offloads),
+        resolve_block_ids=lambda rid: tuple(list(g) for g in table(rid)),
+        boundary_state_offloads={rid: list(e) for rid, e in offloads.items()})
+    return SimpleNamespace(
+        finished_req_ids=set(finished), preempted_req_ids=set(preempted),
+        scheduled_new_reqs=new_reqs, scheduled_cached_reqs=cached_data,
+        num_scheduled_tokens={r[0]: r[1] for r in rows}, kv_connector_block_state=block_state)

@@ -22,6 +22,7 @@ import threading
 from types import SimpleNamespace
 from typing import Any
 
+from tailproof.conformance.adapters.vllm_core import scheduler_output
 from tailproof.conformance.connector_ops import ConnectorAdapter, batch_obs, job_obs
 from tailproof.reference.connector.store import ScriptedStore
 
@@ -45,7 +46,6 @@ def _m() -> SimpleNamespace:
         KVCacheStoreSendingThread,
         MooncakeStoreWorker,
     )
-    from vllm.v1.core.sched.output import KVConnectorBlockState
     from vllm.v1.kv_cache_interface import MambaSpec
 
     # Scripted store failures make the sending thread log warnings and errors by design.
@@ -59,7 +59,7 @@ def _m() -> SimpleNamespace:
         MooncakeStoreWorkerMetadata=MooncakeStoreWorkerMetadata, PoolKey=PoolKey,
         MooncakeStoreScheduler=MooncakeStoreScheduler,
         KVCacheStoreSendingThread=KVCacheStoreSendingThread,
-        MooncakeStoreWorker=MooncakeStoreWorker, KVConnectorBlockState=KVConnectorBlockState,
+        MooncakeStoreWorker=MooncakeStoreWorker,
         MambaSpec=MambaSpec)
 
 
@@ -101,12 +101,10 @@ class VllmMooncakeConnector(ConnectorAdapter):
         super().__init__(config)
         m = self.m = _m()
         self.core = core_backend
-        manager = core_backend.manager
-        kv_config = manager.kv_cache_config
+        kv_config = core_backend.kv_cache_config
         h = config.hash_block_size
         lcm = config.scheduler_block_size
-        partial = bool(getattr(manager.coordinator, "enable_partial_hash_hits", False))
-        alignment = h if partial else lcm
+        alignment = h if core_backend.partial_hits else lcm
         store_groups = list(kv_config.prefix_cacheable_groups)
         self.coord = m.MooncakeStoreCoordinator(
             store_groups, lcm, h, use_eagle=config.use_eagle,
@@ -183,13 +181,9 @@ class VllmMooncakeConnector(ConnectorAdapter):
     def _req(self, rid: str) -> Any:
         return self.core.requests[rid]
 
-    @staticmethod
-    def _none_if_empty(ids: tuple[list[int], ...]) -> tuple[list[int], ...] | None:
-        return ids if any(ids) else None
-
     # --- scheduler side ----------------------------------------------------------------
 
-    def after_alloc(self, driver: Any, rid: str, table: tuple[list[int], ...],
+    def after_alloc(self, rid: str, table: tuple[list[int], ...],
                     external: int) -> None:
         blocks = SimpleNamespace(get_block_ids=lambda group_ids=None: tuple(
             list(table[g]) for g in (group_ids if group_ids is not None else range(len(table)))))
@@ -202,36 +196,11 @@ class VllmMooncakeConnector(ConnectorAdapter):
                        [(p.group_id, p.block_id, p.num_tokens) for p in meta.boundary_puts or []],
                        held[0] if held else [])
 
-    def build(self, driver: Any, rows: list[tuple[str, int, str, tuple[list[int], ...], int]],
+    def build(self, rows: list[tuple[str, int, str, tuple[list[int], ...], int]],
               finished: set[str], preempted: set[str],
               offloads: dict[str, list[tuple[int, int, int]]],
               table: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        m = self.m
-        new_reqs, cached = [], []
-        for rid, _, kind, ids, computed in rows:
-            if kind == "new":
-                req = self._req(rid)
-                new_reqs.append(SimpleNamespace(
-                    req_id=rid, block_ids=tuple(list(g) for g in ids),
-                    num_computed_tokens=computed, prompt_token_ids=req.prompt_token_ids,
-                    prefill_token_ids=None))
-            else:
-                cached.append((rid, kind, ids, computed))
-        cached.sort(key=lambda c: c[1] == "resumed")  # running first, then resumed (SC:1939)
-        cached_data = SimpleNamespace(
-            req_ids=[c[0] for c in cached],
-            resumed_req_ids={c[0] for c in cached if c[1] == "resumed"},
-            new_block_ids=[self._none_if_empty(c[2]) for c in cached],
-            num_computed_tokens=[c[3] for c in cached])
-        block_state = m.KVConnectorBlockState(
-            req_ids={rid for rid in [r[0] for r in rows] + list(offloads)},
-            resolve_block_ids=lambda rid: tuple(list(g) for g in table(rid)),
-            boundary_state_offloads={rid: list(e) for rid, e in offloads.items()})
-        out = SimpleNamespace(
-            finished_req_ids=set(finished), preempted_req_ids=set(preempted),
-            scheduled_new_reqs=new_reqs, scheduled_cached_reqs=cached_data,
-            num_scheduled_tokens={r[0]: r[1] for r in rows},
-            kv_connector_block_state=block_state)
+        out = scheduler_output(rows, finished, preempted, offloads, table, self.core.requests)
         meta = self.sched.build_connector_meta(out)
         jobs = [self._job_obs(r) for r in meta.requests if r.can_save]
         loads = [{"rid": r.req_id, "local": r.load_spec.vllm_cached_tokens,
@@ -243,13 +212,13 @@ class VllmMooncakeConnector(ConnectorAdapter):
                     if r.can_save:
                         thread.add_request(copy.copy(r))
             # get_finished -> _close_ended_store_requests (MW:1979-1990)
-            m.MooncakeStoreWorker._close_ended_store_requests(w, set(finished), meta)
+            self.m.MooncakeStoreWorker._close_ended_store_requests(w, set(finished), meta)
         return jobs, loads
 
     def pinned(self) -> dict[int, tuple[list[int], int]]:
         return self.sched._pinned_saves
 
-    def register(self, driver: Any, rid: str, block_ids: tuple[list[int], ...],
+    def register(self, rid: str, block_ids: tuple[list[int], ...],
                  tails: list[tuple[int, int, int]]) -> dict[str, Any] | None:
         before = self.sched._next_store_job_id
         delay = self.sched.register_finished_partial_tail(self._req(rid), block_ids, tails)
@@ -265,7 +234,7 @@ class VllmMooncakeConnector(ConnectorAdapter):
 
     # --- workers -----------------------------------------------------------------------
 
-    def run_worker(self, driver: Any, w: int, n: int | None,
+    def run_worker(self, w: int, n: int | None,
                    script: Any) -> list[dict[str, Any]]:
         self.store.set_script(script)
         thread = self.threads[w]
@@ -303,14 +272,14 @@ class VllmMooncakeConnector(ConnectorAdapter):
 
     # --- lookups and store -------------------------------------------------------------
 
-    def store_lookup(self, driver: Any, rid: str, n: int) -> tuple[int, list[tuple[int, int]]]:
+    def store_lookup(self, rid: str, n: int) -> tuple[int, list[tuple[int, int]]]:
         res = self.workers[0].lookup(n, self._req(rid).block_hashes)
         return res.hit_length, [(t.group_id, t.num_tokens) for t in res.tail_key_boundaries]
 
-    def matched(self, driver: Any, rid: str, num_computed: int) -> tuple[int | None, bool]:
+    def matched(self, rid: str, num_computed: int) -> tuple[int | None, bool]:
         return self.sched.get_num_new_matched_tokens(self._req(rid), num_computed)
 
-    def seed(self, driver: Any, rid: str, keys: list[tuple[int, ...]], workers: list[int],
+    def seed(self, rid: str, keys: list[tuple[int, ...]], workers: list[int],
              remove: bool) -> int:
         hashes = self._req(rid).block_hashes
         h = self.trace_config.hash_block_size

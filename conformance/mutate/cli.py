@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any
 
+from tailproof.conformance.errors import DIVERGED, OK, UsageError
 from tailproof.conformance.mutate.catalog import MUTANTS, module_label
 
 #: The generators' fixed budget: traces drawn (derandomized) per generator.
@@ -63,23 +64,37 @@ def run_from_args(args: argparse.Namespace, quiet: bool = False) -> Any:
                        progress=None if quiet else _progress)
 
 
+def _check_args(args: argparse.Namespace) -> None:
+    for name, value in (("--sample", args.sample), ("--jobs", args.jobs),
+                        ("--timeout", args.timeout)):
+        if value is not None and value <= 0:
+            raise UsageError(f"{name} must be > 0, got {value}", "pass a positive number")
+    for name, value in (("--generated", args.generated),
+                        ("--generated-connector", args.generated_connector)):
+        if value < 0:
+            raise UsageError(f"{name} must be >= 0, got {value}", "pass 0 or more traces")
+    if not 0.0 <= args.min_score <= 1.0:
+        raise UsageError(f"--min-score must be within [0, 1], got {args.min_score}",
+                         "pass a share, e.g. 0.95")
+
+
 def cmd_mutate(args: argparse.Namespace) -> int:
     from tailproof.conformance.mutate.run import format_report, select
 
+    _check_args(args)
     chosen = select(args.module, args.sample, args.mutant)
     if not chosen:
-        print(f"tailproof: no mutant matches (--module {args.module!r}, --mutant "
-              f"{args.mutant!r}); modules: "
-              f"{', '.join(sorted({module_label(m.module) for m in MUTANTS}))}",
-              file=sys.stderr)
-        return 2
+        raise UsageError(f"no mutant matches (--module {args.module!r}, --mutant "
+                         f"{args.mutant!r})", "use one of the modules "
+                         f"{', '.join(sorted({module_label(m.module) for m in MUTANTS}))} "
+                         "or an id from --list")
     if args.list:
         for m in chosen:
             print(f"{m.id:<40} {module_label(m.module)}.{m.qualname}: {m.why}")
-        return 0
+        return OK
     report = run_from_args(args)
     if args.json:
         print(json.dumps(report.as_json(), indent=2))
     else:
         print(format_report(report))
-    return 0 if report.score >= args.min_score else 1
+    return OK if report.score >= args.min_score else DIVERGED

@@ -165,6 +165,11 @@ class Store(abc.ABC):
         """Load ``keys[i]`` into ``buffers[i]`` (writable, exactly the value's size)."""
 
     @abc.abstractmethod
+    def remove(self, keys: Sequence[str]) -> int:
+        """Drop these keys now (a value that failed verification); returns how many were
+        removed. Best effort: a key already gone, or an error, is simply not counted."""
+
+    @abc.abstractmethod
     def remove_all(self) -> int:
         """Drop every key (tests, resets); returns how many were removed (-1 if unknown)."""
 

@@ -22,11 +22,16 @@ Fields (``backend`` picks which apply; unknown keys are errors)::
     rpc_timeout_ms       mooncake: bound for one master RPC (default 3000)
     setup_retries        mooncake: master connection attempts at setup (default 1, ~4.4 s each)
 
-Sizes are ints (bytes) or strings like "256MB", "64 MiB", "1G".
+Sizes are ints (bytes) or strings like "256MB", "64 MiB", "1G" (binary units), the same syntax
+for every size key of the connector. A size must fit in this machine's memory (every size here
+is memory this process allocates). Settings of the other backend are errors, not ignored.
+Addresses and host names are checked strictly (no whitespace, no trailing newline).
 """
 
 from __future__ import annotations
 
+import ipaddress
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -36,8 +41,63 @@ from .base import Store, StoreError
 
 MIB = 1 << 20
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-_SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMGT]?)(I?B)?\s*$", re.IGNORECASE)
-_ADDR_RE = re.compile(r"^[A-Za-z0-9.\-\[\]:]+:(\d{1,5})$")
+_SIZE_RE = re.compile(r"(\d+) ?([KMGT]?)(I?B)?", re.IGNORECASE)
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9\-]{0,61}[A-Za-z0-9])?"
+_HOST_RE = re.compile(rf"{_LABEL}(?:\.{_LABEL})*")
+_ADDR_RE = re.compile(r"(?P<host>[^\s\[\]]+|\[[0-9A-Fa-f:.]+\]):(?P<port>\d{1,5})")
+_URL_RE = re.compile(r"[a-z][a-z0-9+.\-]*://[\x21-\x7e]+")
+#: Settings that belong to one backend only (the other backend rejects them).
+BACKEND_FIELDS = {
+    "memory": ("capacity_bytes", "evict"),
+    "mooncake": ("master_address", "protocol", "rdma_devices", "global_segment_size",
+                 "local_buffer_size", "local_hostname", "metadata_server", "rpc_timeout_ms",
+                 "setup_retries"),
+}
+
+
+def machine_memory_bytes() -> int:
+    """Physical memory of this machine (the bound for any size this process allocates)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 1 << 62
+
+
+def human_size(n: int) -> str:
+    for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.1f} {unit}"
+    return f"{n} B"
+
+
+def check_size_fits(name: str, n: int) -> str | None:
+    """A problem line when ``n`` bytes cannot be allocated on this machine, else None."""
+    total = machine_memory_bytes()
+    if n > total:
+        return (f"{name}: {human_size(n)} is more than this machine's memory "
+                f"({human_size(total)})")
+    return None
+
+
+def check_host(value: str) -> None:
+    """Raise ValueError unless ``value`` is a host name or an IP address, nothing else."""
+    if value.startswith("[") and value.endswith("]"):
+        value = value[1:-1]
+    try:
+        ipaddress.ip_address(value)
+        return
+    except ValueError:
+        pass
+    if len(value) > 253 or not _HOST_RE.fullmatch(value):
+        raise ValueError(f"expected a host name or IP address, got {value!r}")
+
+
+def check_address(value: str) -> None:
+    """Raise ValueError unless ``value`` is exactly ``host:port`` (IPv6 as ``[addr]:port``)."""
+    m = _ADDR_RE.fullmatch(value)
+    if m is None or not 0 < int(m["port"]) < 65536:
+        raise ValueError(f"expected 'host:port', got {value!r}")
+    check_host(m["host"])
 
 
 class StoreConfigError(StoreError, ValueError):
@@ -57,7 +117,7 @@ def parse_size(value: Any) -> int:
             raise ValueError("must be >= 0")
         return value
     if isinstance(value, str):
-        m = _SIZE_RE.match(value)
+        m = _SIZE_RE.fullmatch(value)
         if m:
             return int(m.group(1)) * _UNITS[m.group(2).upper()]
     raise ValueError(f"expected bytes as int or e.g. '64MB', got {value!r}")
@@ -113,15 +173,39 @@ class StoreConfig:
 
     def _cross_check(self, raw: Mapping[str, Any]) -> list[str]:
         errs: list[str] = []
-        if self.backend == "memory" and "capacity_bytes" in raw and self.capacity_bytes <= 0:
-            errs.append("capacity_bytes: must be > 0")
+        for other, names in BACKEND_FIELDS.items():
+            if other != self.backend:
+                errs += [f"{k}: a setting of the {other!r} store, but the store is "
+                         f"{self.backend!r} (remove it)" for k in names if k in raw]
+        if self.backend == "memory":
+            if "capacity_bytes" in raw and self.capacity_bytes <= 0:
+                errs.append("capacity_bytes: must be > 0")
+            elif bad := check_size_fits("capacity_bytes", self.capacity_bytes):
+                errs.append(bad)
+            return errs
         if self.backend != "mooncake":
             return errs
         if not self.master_address:
             errs.append("master_address: required for backend 'mooncake' (e.g. '127.0.0.1:50051')")
-        elif not _ADDR_RE.match(self.master_address) or not 0 < int(
-                self.master_address.rsplit(":", 1)[1]) < 65536:
-            errs.append(f"master_address: expected 'host:port', got {self.master_address!r}")
+        elif "master_address" in raw:
+            try:
+                check_address(self.master_address)
+            except ValueError as e:
+                errs.append(f"master_address: {e}")
+        for name in ("global_segment_size", "local_buffer_size"):
+            if name in raw and (bad := check_size_fits(name, getattr(self, name))):
+                errs.append(bad)
+        if self.global_segment_size + self.local_buffer_size > machine_memory_bytes() and not any(
+                e.startswith(("global_segment_size", "local_buffer_size")) for e in errs):
+            errs.append("global_segment_size: with local_buffer_size more than this machine's "
+                        f"memory ({human_size(machine_memory_bytes())})")
+        if "metadata_server" in raw and self.metadata_server != "P2PHANDSHAKE" and (
+                not _URL_RE.fullmatch(self.metadata_server)):
+            errs.append("metadata_server: expected 'P2PHANDSHAKE' or a URL such as "
+                        f"'http://host:port/metadata', got {self.metadata_server!r}")
+        if self.rdma_devices and not re.fullmatch(r"[A-Za-z0-9_.:\-]+(,[A-Za-z0-9_.:\-]+)*",
+                                                  self.rdma_devices):
+            errs.append(f"rdma_devices: expected e.g. 'mlx5_0,mlx5_1', got {self.rdma_devices!r}")
         if 0 < self.global_segment_size < 16 * MIB:
             errs.append("global_segment_size: must be 0 (pure client) or >= 16 MiB "
                         f"(Mooncake rejects smaller), got {self.global_segment_size}")
@@ -131,6 +215,11 @@ class StoreConfig:
             errs.append("rdma_devices: required when protocol is 'rdma' (e.g. 'mlx5_0')")
         if not self.local_hostname:
             errs.append("local_hostname: must not be empty")
+        else:
+            try:
+                check_host(self.local_hostname)
+            except ValueError as e:
+                errs.append(f"local_hostname: {e}")
         return errs
 
 

@@ -95,12 +95,19 @@ class CallGuard:
             finally:
                 self._exit()
 
-    def close(self) -> bool:
-        """Refuse new calls and wait for in-flight ones (and the probe). False if already closed."""
+    def close(self, wait: bool = True) -> bool:
+        """Refuse new calls; with ``wait``, also wait for in-flight ones (and the probe).
+        False if already closed."""
         with self._cond:
             if self._closed:
                 return False
             self._closed = True
             self._cond.notify_all()
-            self._cond.wait_for(lambda: self._active == 0)
+        if wait:
+            self.wait_idle()
         return True
+
+    def wait_idle(self) -> None:
+        """Block until no call (nor the probe) is inside the client."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._active == 0)

@@ -191,6 +191,18 @@ class MemoryStore(Store):
         self._data.move_to_end(key)  # a read refreshes recency, like a Mooncake lease
         return Outcome.success(val.nbytes)
 
+    def remove(self, keys: Sequence[str]) -> int:
+        with self._lock:
+            if self._closed:
+                return 0
+            n = 0
+            for k in keys:
+                arr = self._data.pop(k, None)
+                if arr is not None:
+                    self._release(arr)
+                    n += 1
+            return n
+
     def remove_all(self) -> int:
         with self._lock:
             n = len(self._data)

@@ -35,7 +35,10 @@ answers MISS), as does a master restart.
 
 from __future__ import annotations
 
+import atexit
+import logging
 import os
+import socket
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -59,6 +62,19 @@ _NAMES = {-1: "INTERNAL_ERROR", -10: "BUFFER_OVERFLOW", -101: "SEGMENT_NOT_FOUND
           -704: "OBJECT_NOT_FOUND", -706: "OBJECT_HAS_LEASE", -707: "LEASE_EXPIRED",
           -800: "TRANSFER_FAIL", -900: "RPC_FAIL", -901: "RPC_TIMEOUT"}
 _PROBE_KEY = "__tailproof_probe__"
+#: Longest ``close()`` takes with the master unreachable (the native close is parked then).
+CLOSE_BOUND_S = 3.0
+logger = logging.getLogger(__name__)
+#: Clients closed while their master was unreachable: their native close runs at exit.
+_PARKED_CLIENTS: list[Callable[[], None]] = []
+
+
+@atexit.register
+def _close_parked_clients() -> None:
+    while _PARKED_CLIENTS:
+        _PARKED_CLIENTS.pop()()
+
+
 _HEALTH = {1: "store not initialised or closed", 2: "master unreachable"}
 
 
@@ -135,6 +151,11 @@ class MooncakeStore(Store):
             config.local_buffer_size, config.protocol, config.rdma_devices, config.master_address)
         if rc != 0:
             self._client.close()  # safe on a half-initialised client; never used again
+            if rc == INVALID_PARAMS:
+                raise StoreError(
+                    f"mooncake setup rejected the settings ({_code_text(rc)}): check "
+                    f"global_segment_size ({config.global_segment_size}), local_buffer_size "
+                    f"({config.local_buffer_size}), protocol and local_hostname")
             raise StoreError(f"mooncake setup failed ({_code_text(rc)}): is mooncake_master "
                              f"running at {config.master_address}?")
         self._guard = CallGuard(self._health, self._probe)
@@ -159,9 +180,34 @@ class MooncakeStore(Store):
     def close(self) -> None:
         """Wait for in-flight calls, unregister buffers, then close the client (in that order).
 
-        With a dead master the client's close blocks ~7 s trying to unmount its segment."""
-        if not self._guard.close():
+        With the master unreachable the client's close holds the GIL while it retries to
+        unmount its segment (2-20 s measured), which would freeze every thread of the engine:
+        then the client is parked instead and closed at interpreter exit. Either way later
+        calls are refused at once and this returns within :data:`CLOSE_BOUND_S`."""
+        master_down = (self._guard.down_reason is not None or self._health() is not None
+                       or not self._master_listening())
+        if not self._guard.close(wait=not master_down):
             return
+        if master_down:
+            logger.warning("mooncake master at %s unreachable: the client is closed at exit",
+                           self.config.master_address)
+            _PARKED_CLIENTS.append(self._release_client)
+            return
+        self._release_client()
+
+    def _master_listening(self) -> bool:
+        """A TCP connect to the master (health_check stays "healthy" for seconds after it dies)."""
+        host, _, port = self.config.master_address.rpartition(":")
+        if not port.isdigit():
+            return True  # not host:port (an HA address): rely on the breaker and health_check
+        try:
+            socket.create_connection((host or "127.0.0.1", int(port)), timeout=0.5).close()
+        except OSError:
+            return False
+        return True
+
+    def _release_client(self) -> None:
+        self._guard.wait_idle()  # the client segfaults if closed under a running call
         for ptr in list(self._registered):
             self._client.unregister_buffer(ptr)
         self._registered.clear()
@@ -294,6 +340,16 @@ class MooncakeStore(Store):
         if code == INVALID_PARAMS:  # "User buffer too small" is the only -600 of get_into
             return Outcome.too_large(code, f"stored value larger than buffer ({size} bytes)")
         return _outcome_for(code)
+
+    def remove(self, keys: Sequence[str]) -> int:
+        if not keys:
+            return 0
+        with self._guard.call() as down:
+            if down:
+                return 0
+            codes = self._client.batch_remove(list(keys), True)  # force: ignore read leases
+        self._check_codes(codes)
+        return sum(1 for c in codes if c == 0)
 
     def remove_all(self) -> int:
         with self._guard.call() as down:

@@ -88,14 +88,15 @@ class StoreGeometry:
 
     @classmethod
     def from_config(cls, config: Any) -> StoreGeometry:
-        """Derive from a ``TraceConfig``; partial hits follow the core's rule
-        (``from_kv_cache_config``: ``cache_hit_alignment_tokens < scheduler_block_size``)."""
+        """Derive from a ``TraceConfig``; partial hits are the core geometry's
+        (``spec.arithmetic.partial_hash_hits_enabled``; ``from_kv_cache_config``'s
+        ``cache_hit_alignment_tokens < scheduler_block_size`` then always holds)."""
         geo = Geometry.from_config(config)
         sizes = tuple(int(g.block_size) for g in config.groups)
         mamba = frozenset(i for i, g in enumerate(config.groups) if g.kind == "mamba_align")
         h = int(config.hash_block_size)
         lcm = lcm_all(list(sizes)) if len(sizes) > 1 else sizes[0]
-        partial = geo.partial_hits and geo.alignment < lcm
+        partial = geo.partial_hits
         use_eagle = bool(getattr(config, "use_eagle", False))
         merged: list[SpecGroup] = []
         for i, g in enumerate(config.groups):

@@ -18,6 +18,9 @@ Mirrors ``MooncakeStoreScheduler`` (MS:135-761). The rules, each with the functi
   in-flight job, because pins are keyed by job id;
 - a finish-time tail is pinned before the request's blocks are freed
   (``register_finished_partial_tail``, MS:600-670).
+
+``tailproof.impl.scheduler_side`` restates these rules independently on purpose: the corpus
+compares the two (and both with vLLM's own code), so neither imports the other.
 """
 
 from __future__ import annotations

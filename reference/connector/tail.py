@@ -2,17 +2,19 @@
 
 A later request resumes at the prompt's Mamba checkpoint ``ck(P)`` only if every group has
 KV up to it: Mamba through its own exact hand-off, attention groups through the blocks from the
-last lcm-aligned normal save up to ``ck(P)`` plus the group's EAGLE proof margin. The boundary
-arithmetic comes from ``spec/arithmetic.py`` so the model and the proofs share it.
+last lcm-aligned normal save up to ``ck(P)`` plus the group's EAGLE proof margin. The rule is
+``spec.arithmetic.partial_tail_puts`` (shared with ``impl.scheduler_side``, so the model and
+the proofs use the very same arithmetic); this module applies it to a ``ReqMeta``.
 """
 
 from __future__ import annotations
 
 from tailproof.reference.connector.config import StoreGeometry
 from tailproof.reference.connector.meta import BoundaryPut, ReqMeta
-from tailproof.spec.arithmetic import checkpoint_position, tail_put_range
+from tailproof.spec import arithmetic
+from tailproof.spec.arithmetic import NULL_BLOCK_ID
 
-NULL_BLOCK_ID = 0
+__all__ = ["NULL_BLOCK_ID", "partial_tail_puts"]
 
 
 def partial_tail_puts(geo: StoreGeometry, job: ReqMeta) -> list[BoundaryPut]:
@@ -24,29 +26,13 @@ def partial_tail_puts(geo: StoreGeometry, job: ReqMeta) -> list[BoundaryPut]:
     if not mamba_tails and not job.publish_partial_tail:
         return []
     assert job.num_prompt_tokens is not None and job.completed_token_len is not None
-    h = geo.hash_block_size
-    # The core drops the checkpoint whenever EAGLE block drop is on (MS:102-106).
-    boundary = checkpoint_position(job.num_prompt_tokens, h, geo.use_eagle)
-    # Any other sub-block hand-off is a shared-prefix junction: no attention tail (MS:110).
-    if not job.publish_partial_tail and boundary not in mamba_tails:
-        return []
-    num_hashes = len(job.block_hashes)
-    if boundary == 0 or boundary // h > num_hashes:
-        return []
-    puts: list[BoundaryPut] = []
-    for gid, bs in enumerate(geo.block_sizes):
-        if gid in geo.mamba_group_ids:
-            continue
-        margin = geo.eagle_proof_margin_by_group.get(gid, 0)
-        proof_end = boundary + margin
-        if proof_end > job.completed_token_len or proof_end // h > num_hashes:
-            continue
-        first, end = tail_put_range(boundary, geo.lcm_block_size, bs, margin)
-        table = job.block_ids[gid]
-        for idx in range(first, end):
-            if idx >= len(table):
-                break
-            if table[idx] == NULL_BLOCK_ID:
-                continue
-            puts.append(BoundaryPut(gid, table[idx], min((idx + 1) * bs, proof_end)))
-    return puts
+    groups = range(len(geo.block_sizes))
+    puts = arithmetic.partial_tail_puts(
+        num_prompt_tokens=job.num_prompt_tokens, completed_token_len=job.completed_token_len,
+        num_hashes=len(job.block_hashes), publish_partial_tail=job.publish_partial_tail,
+        mamba_tail_boundaries=mamba_tails, block_ids=job.block_ids, block_sizes=geo.block_sizes,
+        is_mamba=tuple(g in geo.mamba_group_ids for g in groups),
+        eagle_margins=tuple(geo.eagle_proof_margin_by_group.get(g, 0) for g in groups),
+        hash_block_size=geo.hash_block_size, lcm_block_size=geo.lcm_block_size,
+        use_eagle=geo.use_eagle)
+    return [BoundaryPut(*p) for p in puts]

@@ -16,6 +16,9 @@ Mirrors ``KVCacheStoreSendingThread`` (MW:397-1045) and the ledger retirement of
 
 Every path reports the job exactly once (the single ``finally``), so the scheduler can release
 its pins: skipped, failed and not-live jobs included.
+
+``tailproof.impl.worker_side`` restates these rules independently on purpose: the corpus
+compares the two (and both with vLLM's own code), so neither imports the other.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ..invariants import check
-from ..model import Config, State, initial
+from ..model import Config, State
 
 
 @dataclass
@@ -55,10 +55,11 @@ def _events(s: State, act: tuple, t: State) -> list[str]:
 
 
 def bmc(cfg: Config, depth: int, max_states: int = 2_000_000,
-        deadline_s: float | None = None) -> BmcResult:
-    """Search every state within ``depth`` steps; stop at the first invariant violation."""
+        deadline_s: float | None = None, model: type[State] = State) -> BmcResult:
+    """Search every state of ``model`` (the spec, or a mutant of it) within ``depth`` steps;
+    stop at the first invariant violation."""
     t0 = time.monotonic()
-    s0 = initial(cfg)
+    s0 = model(cfg)
     parent: dict[tuple, tuple[tuple, tuple] | None] = {s0.fingerprint(): None}
     frontier: list[State] = [s0]
     bad = check(s0)
@@ -99,10 +100,11 @@ def _path(parent: dict, fp: tuple) -> list[tuple]:
     return out[::-1]
 
 
-def replay(cfg: Config, actions: list[tuple]) -> tuple[State, list[tuple[str, str]]]:
-    """Run an action sequence from the initial state; return the final state and the
-    violations seen along the way (first state that violates)."""
-    s = initial(cfg)
+def replay(cfg: Config, actions: list[tuple], model: type[State] = State
+           ) -> tuple[State, list[tuple[str, str]]]:
+    """Run an action sequence from the initial state of ``model``; return the final state and
+    the violations seen along the way (first state that violates)."""
+    s = model(cfg)
     for act in actions:
         s = s.apply(act)
         bad = check(s)

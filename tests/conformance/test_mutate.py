@@ -101,3 +101,26 @@ def test_cli_json_and_bad_module(capsys: pytest.CaptureFixture[str]) -> None:
     assert out["killed"] == 1 and out["non_equivalent"] == 1
     assert out["by_module"]["core/kv_cache_coordinator"]["killed"] == 1
     assert out["mutants"][0]["killed_by"]["trace"]
+    _report_with_mutation_is_valid(out)
+
+
+def _report_with_mutation_is_valid(part: dict[str, object]) -> None:
+    """``check --mutate --json``: the score joins the report as ``mutation`` (schema-valid,
+    its time under ``timings``; a score below the minimum is its own result)."""
+    jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is not installed")
+    from tailproof.conformance import report
+    from tailproof.conformance.vllm_compat import inspect_vllm
+
+    schema = json.loads((Path(report.__file__).parent / "schema" /
+                         "report.schema.json").read_text())
+    for passed in (True, False):
+        mutation = {**part, "min_score": 0.95, "passed": passed}
+        doc = report.document("check", vllm=inspect_vllm(["vllm"]).as_json(),
+                              adapters=["reference"], not_run={}, strict_ids=False,
+                              conformance=report.conformance_part([], 0.0),
+                              proofs=report.proofs_part(None, "--no-prove", False),
+                              findings=[], exit_code=0 if passed else 1, total_seconds=1.0,
+                              mutation=mutation)
+        jsonschema.Draft202012Validator(schema).validate(doc)
+        assert doc["timings"]["mutation_s"] == part["seconds"]
+        assert doc["result"] == ("agreed" if passed else "mutation_below_min")

@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 
 from tailproof.conformance.cli import main
+from tailproof.conformance.trace import FORMAT_TAG
 
 GOOD: dict[str, Any] = {
-    "format": "tailproof-trace/1",
+    "format": FORMAT_TAG,
     "name": "good",
     "config": {"groups": [{"kind": "full_attention", "block_size": 4},
                           {"kind": "mamba_align", "block_size": 8}],

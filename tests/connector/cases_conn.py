@@ -1,11 +1,33 @@
-"""The connector corpus, as scheduler scripts (see ``casebook.py``). Each description says
-what the case pins and why; notes cite ``../shared/notes/vllm_semantics.md`` ids."""
+"""The connector corpus, ``conformance/cases/conn_*.json``, as scheduler scripts
+(``tailproof.conformance.author``). Each script runs on vLLM 0.33 + Mooncake and on the
+reference in lockstep (strict block ids) while it is written, and vLLM's observations become
+the expectations. Each description says what the case pins and why.
+
+    .venv/bin/python tests/connector/cases_conn.py [--check] [--out DIR] [NAME ...]
+"""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
+from typing import Any
 
-from casebook import FA, Case, M, config
+from tailproof.conformance import author
+from tailproof.conformance.author import FA, Case, M
+
+RECORD = ("vllm-mooncake", "reference")
+
+
+def config(groups: list[tuple[str, int, bool]], h: int, num_blocks: int = 64,
+           use_eagle: bool = False, **connector: Any) -> dict[str, Any]:
+    """A config with a producer connector (``connector`` overrides its settings)."""
+    eagle = {"use_eagle": True} if use_eagle else {}
+    return author.config(groups, h, num_blocks, **eagle,
+                         connector={"role": "producer", **connector})
+
+
+def case(name: str, description: str, config_doc: dict[str, Any]) -> Case:
+    return Case(name, description, config_doc, record=RECORD)
 
 
 def rng(a: int, b: int) -> dict[str, list[int]]:
@@ -20,7 +42,7 @@ G16 = [(FA, 16, False), (M, 16, False)]  # lcm 16, h 4: partial hits on
 
 
 def subblock_tail_reads_cow_target() -> Case:
-    c = Case("conn_subblock_tail_reads_cow_target",
+    c = case("conn_subblock_tail_reads_cow_target",
              "S1/S2/W2/W5: a 13-token prompt (FA16+M16, h4) registers its Mamba tail at ck=12 and "
              "the running CoW of the 12->13 chunk hands off the CoW *target*. The store job of "
              "that "
@@ -44,7 +66,7 @@ def subblock_tail_reads_cow_target() -> Case:
 
 
 def smaller_group_tail_puts() -> Case:
-    c = Case("conn_smaller_group_tail_puts",
+    c = case("conn_smaller_group_tail_puts",
              "W3/E7: FA block 4 < Mamba block 16 (lcm 16, h 4). Normal saves stop at the lcm floor "
              "(0 here), so the FA blocks between floor(12,16)=0 and the boundary 12 are published "
              "as boundary puts keyed 4, 8, 12 (tail_put_range), plus the Mamba state at 12. A "
@@ -68,7 +90,7 @@ def smaller_group_tail_puts() -> Case:
 
 
 def null_and_mamba_never_saved_positionally() -> Case:
-    c = Case("conn_null_and_mamba_never_saved_positionally",
+    c = case("conn_null_and_mamba_never_saved_positionally",
              ("I16/E10/S11: a 40-token prompt in 16-token chunks. Normal-save jobs pin every "
               "non-null block of the *current* full-attention table; Mamba blocks are pinned only "
               "as exact hand-offs (the Mamba align table holds nulls and superseded states and is "
@@ -90,7 +112,7 @@ def null_and_mamba_never_saved_positionally() -> Case:
 
 
 def pressure_gate() -> Case:
-    c = Case("conn_pressure_gate",
+    c = case("conn_pressure_gate",
              ("W1/E9/I18: request A's first save job gets -200 (store full): the gate turns on and "
               "A joins the skip set. A's next job runs but puts nothing (its one-shot Mamba "
               "snapshot at 32 is lost for good) and still reports, so its pins are released. "
@@ -114,7 +136,7 @@ def pressure_gate() -> Case:
 
 
 def failed_boundary_put_stays_absent() -> Case:
-    c = Case("conn_failed_boundary_put_stays_absent",
+    c = case("conn_failed_boundary_put_stays_absent",
              ("E9/I17: C's tail job (keys 12) raises in the put and A's tail job (keys 20) fails "
               "with -1: both fail closed (keys absent), neither sets the pressure gate (only -200 "
               "does), and A's normal-save offset stays at 16. Lookups then miss the tails: A's "
@@ -138,7 +160,7 @@ def failed_boundary_put_stays_absent() -> Case:
 
 
 def mixed_codes_partial_batch() -> Case:
-    c = Case("conn_mixed_codes_partial_batch",
+    c = case("conn_mixed_codes_partial_batch",
              ("I17/I18: one tail batch (FA@36, Mamba@36) with per-key codes [ok, -200]: the FA "
               "key is "
               "stored, the Mamba key stays absent, -200 turns the gate on and skips the live "
@@ -159,7 +181,7 @@ def mixed_codes_partial_batch() -> Case:
 
 
 def pins_survive_preemption() -> Case:
-    c = Case("conn_pins_survive_preemption",
+    c = case("conn_pins_survive_preemption",
              ("S12/E3/I14: request A's save job is in flight when A is preempted: its pins are "
               "keyed by job id, so preemption does not release them (the core frees A's table; "
               "the pinned blocks stay referenced, out of the free queue). The worker retires A's "
@@ -182,7 +204,7 @@ def pins_survive_preemption() -> Case:
 
 
 def request_id_reuse() -> Case:
-    c = Case("conn_request_id_reuse",
+    c = case("conn_request_id_reuse",
              ("S12/I14: request A finishes with its first job still queued, and a new request "
               "reuses the id 'A'. Pins are keyed by job id, so each report releases only its own "
               "job's blocks, and the new generation gets a fresh job id. The worker ledger, "
@@ -214,7 +236,7 @@ def request_id_reuse() -> Case:
 
 
 def two_workers_release_last() -> Case:
-    c = Case("conn_two_workers_release_last",
+    c = case("conn_two_workers_release_last",
              "S14/I14: with two workers every job is run by both ranks (each under its own rank "
              "namespace); the pins stay after the first rank reports (remaining 1, "
              "has_pending_push_work true) and are released only when the last rank reports. A "
@@ -237,7 +259,7 @@ def two_workers_release_last() -> Case:
 
 
 def finish_handoff_pinned_before_cleanup() -> Case:
-    c = Case("conn_finish_handoff_pinned_before_cleanup",
+    c = case("conn_finish_handoff_pinned_before_cleanup",
              "E1/S3/I13: a 13-token producer aborts right after its 12-token chunk (computed == "
              "ck, nothing in flight). The finish hook finalizes the Mamba tail (the unchanged "
              "table source), and the connector pins it plus the FA tail block *before* the core "
@@ -260,7 +282,7 @@ def finish_handoff_pinned_before_cleanup() -> Case:
 
 
 def finish_past_boundary_no_handoff() -> Case:
-    c = Case("conn_finish_past_boundary_no_handoff",
+    c = case("conn_finish_past_boundary_no_handoff",
              "E1/I11: a request that finishes after computing past ck (or with tokens in flight) "
              "gets no finish-time hand-off: finalize consumes the marker and returns nothing, so "
              "nothing is pinned and the connector queues no job.", config(G16, 4))
@@ -275,7 +297,7 @@ def finish_past_boundary_no_handoff() -> Case:
 
 
 def resumed_prefill_claims_past_prompt() -> Case:
-    c = Case("conn_resumed_prefill_claims_past_prompt",
+    c = case("conn_resumed_prefill_claims_past_prompt",
              ("S9/E3/E11: a 20-token prompt (ck 16, block-aligned: no sub-block tail) decodes 12 "
               "tokens; the Mamba snapshot at 32 reached in decode is offered but dropped unpinned "
               "(32 > prefill_end 20). After preemption the request re-prefills prompt+outputs "
@@ -302,7 +324,7 @@ def resumed_prefill_claims_past_prompt() -> Case:
 
 
 def decode_boundary_dropped() -> Case:
-    c = Case("conn_decode_boundary_dropped",
+    c = case("conn_decode_boundary_dropped",
              "S7/E11/I15: a 12-token prompt (ck 8 -> chunks 8, 12) decodes to 16 tokens; the core "
              "offers the aligned Mamba snapshot at 16 but 16 > prefill_end 12, so the connector "
              "drops it: no job, no pin, the block stays with ref 1 (table only).",
@@ -318,7 +340,7 @@ def decode_boundary_dropped() -> Case:
 
 
 def remote_vs_local_tail() -> Case:
-    c = Case("conn_remote_vs_local_tail",
+    c = case("conn_remote_vs_local_tail",
              "E13/S15: request B has a local sub-block hit at 20 (A's tail at ck(21)=20) whose "
              "block-aligned part is 16. With the store holding B's prefix up to 28 the remote hit "
              "strictly beats the local one: the local blocks are truncated to 16 and 12 tokens "
@@ -343,7 +365,7 @@ def remote_vs_local_tail() -> Case:
 
 
 def full_external_hit_rederived() -> Case:
-    c = Case("conn_full_external_hit_rederived",
+    c = case("conn_full_external_hit_rederived",
              "E14/S15/W7: a 48-token request whose whole prefix is in the store: the lookup first "
              "finds 48 >= num_tokens and re-derives at align(47)=44, so the last token is always "
              "recomputed; the FA tail key boundary is 44 (present). With partial hits off (h = "
@@ -359,7 +381,7 @@ def full_external_hit_rederived() -> Case:
 
 
 def full_external_hit_coarse() -> Case:
-    c = Case("conn_full_external_hit_coarse",
+    c = case("conn_full_external_hit_coarse",
              "E14/S15: partial hits off (FA16+M16 with h=16): lookups are lcm-aligned, a "
              "48-token request fully present re-derives at align(47)=32; with a local hit of 32 "
              "nothing is loaded; a 12-token (sub-block) prompt is not looked up at all.",
@@ -375,7 +397,7 @@ def full_external_hit_coarse() -> Case:
 
 
 def lookup_clipped_by_missing_group() -> Case:
-    c = Case("conn_lookup_clipped_by_missing_group",
+    c = case("conn_lookup_clipped_by_missing_group",
              "W10/I9/I10: the hybrid store hit is the longest prefix every group can serve. With "
              "FA@16,32,44 and Mamba@16,32,44 a 45-token lookup hits 44; removing the Mamba tail "
              "@44 clips FA to 32; restoring it and removing the FA tail @44 also gives 32; with "
@@ -395,7 +417,7 @@ def lookup_clipped_by_missing_group() -> Case:
 
 
 def sub_block_prompt_lookup() -> Case:
-    c = Case("conn_sub_block_prompt_lookup",
+    c = case("conn_sub_block_prompt_lookup",
              "E4/S15/W5: with partial hits a 12-token prompt (shorter than one 16-token block) is "
              "looked up at hash granularity: the store holds 8 -> load 8. A 3-token prompt "
              "(shorter than h) is never looked up.", config(G16, 4))
@@ -409,7 +431,7 @@ def sub_block_prompt_lookup() -> Case:
 
 
 def eagle_tail_puts_proof_margin() -> Case:
-    c = Case("conn_eagle_tail_puts_proof_margin",
+    c = case("conn_eagle_tail_puts_proof_margin",
              "S3/S4/E6: EAGLE (FA16 eagle + M16, h4, P=49): ck = 44 (one unit below floor(49,4)); "
              "the prompt-covering job puts the FA tail up to the proof end 48 (block 2 keyed 48) "
              "and the Mamba CoW tail at 44; a 57-token consumer's store lookup hits 44 with the FA "
@@ -429,7 +451,7 @@ def eagle_tail_puts_proof_margin() -> Case:
 
 
 def pins_block_reset() -> Case:
-    c = Case("conn_pins_block_reset",
+    c = case("conn_pins_block_reset",
              "C10/I19: a pinned store job keeps its blocks referenced after the request is freed, "
              "so reset_prefix_cache fails; once every rank reported, the pins are released "
              "tail-first and the reset succeeds.", config(G16, 4))
@@ -445,7 +467,7 @@ def pins_block_reset() -> Case:
 
 
 def tracker_save_boundaries() -> Case:
-    c = Case("conn_tracker_save_boundaries",
+    c = case("conn_tracker_save_boundaries",
              ("S16/S17/W8: the tracker advances by the scheduled real tokens; a normal save is "
               "emitted only when the tracked length passes the next lcm boundary and covers its "
               "lcm floor (token range [saved, floor): 0-16, 16-32); the 32->36 chunk (to ck=36) "
@@ -472,7 +494,7 @@ def tracker_save_boundaries() -> Case:
 
 
 def consumer_claims_nothing() -> Case:
-    c = Case("conn_consumer_claims_nothing",
+    c = case("conn_consumer_claims_nothing",
              "S13/I15: a kv_consumer never claims boundary hand-offs and emits no store job, so "
              "nothing is pinned and the finish hook does not finalize.",
              config(G16, 4, role="consumer"))
@@ -486,7 +508,7 @@ def consumer_claims_nothing() -> Case:
 
 
 def aligned_prompt_two_handoffs() -> Case:
-    c = Case("conn_aligned_prompt_two_handoffs",
+    c = case("conn_aligned_prompt_two_handoffs",
              "E5: a prompt ending exactly on a block boundary (P=16): ck = 12, so the tail at 12 "
              "(CoW target) and the aligned snapshot at 16 are both handed off; a resend of the "
              "identical prompt can only use the 12-token tail (never the full 16).",
@@ -503,7 +525,7 @@ def aligned_prompt_two_handoffs() -> Case:
 
 
 def multi_mamba_groups() -> Case:
-    c = Case("conn_multi_mamba_groups",
+    c = case("conn_multi_mamba_groups",
              "E16: two Mamba groups share the boundary; each hands off its own CoW target and "
              "both are put and pinned in one job; a lookup needs both groups' keys.",
              config([(FA, 8, False), (M, 8, False), (M, 8, False)], 4))
@@ -522,7 +544,7 @@ def multi_mamba_groups() -> Case:
 
 
 def cow_target_not_reused() -> Case:
-    c = Case("conn_cow_target_not_reused",
+    c = case("conn_cow_target_not_reused",
              "I7/E18: in a small pool the running-CoW target sits at ref 0 between the retention "
              "release and the connector pin; the pin takes it out of the free queue so a filler "
              "request allocated before the job completes cannot reuse it, and the tail put still "
@@ -541,7 +563,7 @@ def cow_target_not_reused() -> Case:
 
 
 def external_mamba_admission_undercount() -> Case:
-    c = Case("conn_external_mamba_admission_undercount",
+    c = case("conn_external_mamba_admission_undercount",
              ("FINDING (vLLM 0.33 bug, reference mirrors it): FA4+M8, h2, 4 free blocks. A "
               "13-token request whose store hit is 8 (FA@4,8 + Mamba@8) is admitted with 8 "
               "external tokens and a 4-token chunk. It needs 5 blocks (FA 3; Mamba the external "
@@ -576,3 +598,7 @@ ALL: list[Callable[[], Case]] = [
     aligned_prompt_two_handoffs, multi_mamba_groups, cow_target_not_reused,
     external_mamba_admission_undercount,
 ]
+
+
+if __name__ == "__main__":
+    raise SystemExit(author.main(ALL, sys.argv[1:]))

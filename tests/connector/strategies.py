@@ -1,29 +1,29 @@
-"""Hypothesis strategy: mixed core + connector traces run on the reference and on vLLM 0.33 +
-Mooncake in lockstep, with scripted store failures.
+"""Hypothesis strategy: mixed core + connector traces run on vLLM 0.33 + Mooncake and on the
+reference in lockstep (``tailproof.conformance.lockstep``), with scripted store failures.
 
-Each trace follows the scheduler's order per step (running chunks, admissions through the
-connector lookup, hand-off/copy drains, ``conn_step``, commits), with random decodes, finishes
-(``conn_finish`` + ``free``), preemptions, worker runs with scripted put outcomes, partial
-reports and lookups. The first op whose observations differ (block ids compared exactly) raises
-``ConnectorDivergence`` carrying the trace so far, ready to be written as a case file.
+Each trace follows the scheduler's order per step (``tailproof.conformance.steps``: running
+chunks, admissions through the connector lookup, hand-off/copy drains, ``conn_step``,
+commits), with random decodes, finishes (``conn_finish`` + ``free``), preemptions, worker runs
+with scripted put outcomes, partial reports and lookups. The first op whose observations
+differ (block ids compared exactly) raises ``ConnectorDivergence`` carrying the trace so far,
+with vLLM's observation as the expectation, ready to be written as a case file.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 from hypothesis import strategies as st
 
-from tailproof.conformance.adapters import make_driver
-from tailproof.conformance.driver import CoreDriver
-from tailproof.conformance.ops import REQUIRED, all_op_specs
-from tailproof.conformance.tokens import expand
-from tailproof.conformance.trace import FORMAT_TAG, parse_trace
+from tailproof.conformance.generate import FA, Geometry, M, geometry_config, prompt_tokens
+from tailproof.conformance.lockstep import Lockstep as Run
+from tailproof.conformance.lockstep import LockstepDivergence as ConnectorDivergence
+from tailproof.conformance.steps import Steps, op
 
-FA, M = "full_attention", "mamba_align"
-ADAPTERS = ("reference", "vllm-mooncake")
-GEOMETRIES: list[tuple[list[tuple[str, int, bool]], int, bool]] = [
+__all__ = ["ConnectorDivergence", "Run", "connector_trace"]
+
+ADAPTERS = ("vllm-mooncake", "reference")
+GEOMETRIES: list[Geometry] = [
     ([(FA, 16, False), (M, 16, False)], 4, False),
     ([(FA, 4, False), (M, 16, False)], 4, False),
     ([(FA, 4, False), (M, 8, False)], 2, False),
@@ -36,193 +36,135 @@ GEOMETRIES: list[tuple[list[tuple[str, int, bool]], int, bool]] = [
     ([(FA, 16, False), (M, 8, False)], 8, False),  # h = Mamba block < lcm
 ]
 SCRIPT_ENTRIES: list[Any] = ["ok", "ok", "ok", "full", "error", "raise", ["ok", "full"]]
-_SPECS = all_op_specs()
+RUNNING_ACTIONS = ["run", "run", "decode", "finish", "preempt", "idle"]
 
 
-class ConnectorDivergence(AssertionError):
-    """The adapters disagreed; ``doc`` is the trace up to and including the diverging op."""
+class _ConnectorScript:
+    """The generator's scheduler and workers: what each engine step does."""
 
-    def __init__(self, message: str, doc: dict[str, Any]) -> None:
-        super().__init__(message)
-        self.doc = doc
+    def __init__(self, draw: st.DrawFn, run: Run, geometry: Geometry, workers: int) -> None:
+        self.draw, self.run, self.workers = draw, run, workers
+        self.steps = Steps(run.apply, connector=True)
+        self.num_groups, self.h = len(geometry[0]), geometry[1]
+        self.biggest = max(b for _, b, _ in geometry[0])
+        self.waiting: list[str] = []
+        self.running: list[str] = []
+        self.finished: list[str] = []  # since the last conn_step
+        self.preempted: list[str] = []
 
+    def step(self) -> None:
+        """One engine step, then the workers, the store and the arrivals for the next one."""
+        self.steps.begin()
+        ok = [rid for rid in list(self.running) if self.continue_running(rid)]
+        ok += [rid for rid in list(self.waiting) if self.admit(rid)]
+        self.steps.end(ok, finished=self.finished, preempted=self.preempted,
+                       offer=self.foreign_offer(ok))
+        self.finished, self.preempted = [], []
+        self.run_workers()
+        self.touch_store()
+        for _ in range(self.draw(st.integers(0, 2))):  # arrivals join the next admissions
+            self.arrive()
 
-@dataclass
-class Run:
-    """Applies each op to every adapter at once (ops normalised once, not re-parsed)."""
+    def continue_running(self, rid: str) -> bool:
+        """A running request's step: a chunk or a decode token, a finish, a preemption, or
+        nothing. Returns whether a chunk was allocated."""
+        action = self.draw(st.sampled_from(RUNNING_ACTIONS))
+        view = self.run.request(rid)
+        if action == "finish" or (action == "decode" and view.num_tokens > 4 * self.biggest):
+            self.steps.finish(rid)
+            self.running.remove(rid)
+            self.finished.append(rid)
+            return False
+        if action == "preempt":
+            self.run.apply(op("preempt", rid=rid))
+            self.running.remove(rid)
+            self.preempted.append(rid)
+            self.waiting.append(rid)
+            return False
+        if action == "idle":
+            return False
+        if view.num_computed_tokens >= view.num_tokens:
+            if action != "decode":
+                return False
+            self.run.apply(op("append_output", rid=rid, tokens=[self.draw(st.integers(0, 4))]))
+        return self.steps.run(rid, budget=self.draw(st.sampled_from([None, self.biggest])))
 
-    config_doc: dict[str, Any]
-    ops: list[dict[str, Any]] = field(default_factory=list)
-    prompts: dict[str, list[int]] = field(default_factory=dict)
-    drivers: list[CoreDriver] = field(default_factory=list)
-    observed: list[dict[str, Any]] = field(default_factory=list)
+    def admit(self, rid: str) -> bool:
+        """Sometimes admit a waiting request (not one preempted in this step)."""
+        if rid in self.preempted or not self.draw(st.booleans()):
+            return False
+        if not self.steps.admit(rid):
+            return False
+        self.waiting.remove(rid)
+        self.running.append(rid)
+        return True
 
-    def __post_init__(self) -> None:
-        config = parse_trace(self.doc([])).config
-        self.drivers = [make_driver(a, config) for a in ADAPTERS]
+    def foreign_offer(self, ok: list[str]) -> list[list[Any]]:
+        """Sometimes a hand-off the core never produces (an attention-group block or the
+        null block) for ``conn_step.offer``: the connector must refuse it."""
+        if not ok or self.draw(st.integers(0, 3)) != 0:
+            return []
+        rid = self.draw(st.sampled_from(ok))
+        table = self.run.drivers[0].core.table(rid)
+        g = self.draw(st.integers(0, self.num_groups - 1))
+        blk = table[g][-1] if table[g] and self.draw(st.booleans()) else 0
+        return [[rid, g, self.h * self.draw(st.integers(1, 4)), blk]]
 
-    def doc(self, ops: list[dict[str, Any]]) -> dict[str, Any]:
-        return {"format": FORMAT_TAG, "name": "connector-property",
-                "description": "generated by tests/connector/strategies.py", "config":
-                self.config_doc, "ops": ops}
+    def run_workers(self) -> None:
+        """Each worker runs some queued jobs with scripted put outcomes; sometimes report."""
+        for w in range(self.workers):
+            if self.draw(st.integers(0, 3)) > 0:
+                script = self.draw(st.lists(st.sampled_from(SCRIPT_ENTRIES), max_size=3))
+                self.run.apply(op("worker_run", worker=w,
+                                  n=self.draw(st.sampled_from([None, 1])), store=script))
+        if self.draw(st.booleans()):
+            workers = self.draw(st.sampled_from([None] + [[w] for w in range(self.workers)]))
+            self.run.apply(op("worker_report", workers=workers))
 
-    def _norm(self, op: dict[str, Any]) -> dict[str, Any]:
-        norm = {"op": op["op"]}
-        for name, f in _SPECS[op["op"]].items():
-            if name in op:
-                v = op[name]
-                norm[name] = expand(v, self.prompts) if f.kind == "tokens" else v
-            else:
-                assert f.default is not REQUIRED, (op, name)
-                norm[name] = f.default
-        if op["op"] == "add_request":
-            self.prompts[op["rid"]] = norm["tokens"]
-        return norm
+    def touch_store(self) -> None:
+        """Sometimes a store lookup; sometimes drop the GPU prefix-cache keys of one prompt
+        from some boundary on, so later admissions weigh a shorter local hit against the
+        store."""
+        prompts, h = self.run.prompts, self.h
+        if prompts and self.draw(st.integers(0, 3)) == 0:
+            self.run.apply(op("store_lookup", rid=self.draw(st.sampled_from(sorted(prompts)))))
+        if prompts and self.draw(st.booleans()):
+            rid = self.draw(st.sampled_from(sorted(prompts)))
+            n = len(prompts[rid])
+            cut = h * self.draw(st.integers(0, max(0, n // h)))
+            end = self.draw(st.sampled_from([n + 1, cut + self.biggest]))
+            keys = [[g, b] for g in range(self.num_groups) for b in range(max(h, cut), end, h)
+                    if b <= n]
+            if keys:
+                self.run.apply(op("evict", keys=keys))
 
-    def apply(self, **op: Any) -> dict[str, Any]:
-        self.ops.append(op)
-        norm = self._norm(op)
-        obs = [d.apply(norm) for d in self.drivers]
-        if obs[0] != obs[1]:
-            doc = self.doc([dict(x) for x in self.ops])
-            doc["ops"][-1]["expect"] = obs[1]
-            raise ConnectorDivergence(
-                f"op {len(self.ops) - 1} {op['op']}: reference={obs[0]} vllm-mooncake={obs[1]}",
-                doc)
-        assert obs[0] is not None
-        self.observed.append(obs[0])
-        return obs[0]
-
-    def view(self, rid: str) -> Any:
-        return self.drivers[0].core.get(rid)
-
-
-def _prompt(draw: st.DrawFn, h: int, block: int, prompts: dict[str, list[int]]) -> list[Any]:
-    shape = draw(st.sampled_from(["shared", "shared", "sub_block", "edge", "short", "long"]))
-    if shape == "short":
-        n = draw(st.integers(1, max(1, h - 1)))
-    elif shape == "sub_block":
-        n = draw(st.integers(h, max(h, block - 1)))
-    elif shape == "edge":
-        n = max(1, block * draw(st.integers(1, 3)) + draw(st.sampled_from([-1, 0, 1])))
-    else:
-        n = draw(st.integers(1, 3 * block + h))
-    if shape == "shared" and prompts:
-        src = draw(st.sampled_from(sorted(prompts)))
-        keep = draw(st.one_of(st.just(len(prompts[src])), st.integers(1, len(prompts[src]))))
-        return [{"prompt_of": src, "n": keep}] + [
-            draw(st.integers(0, 3)) for _ in range(draw(st.integers(0, max(2, n - keep))))]
-    return [draw(st.integers(0, 4)) for _ in range(n)]
+    def arrive(self) -> None:
+        if len(self.run.prompts) < 6:
+            rid = f"r{len(self.run.prompts)}"
+            tokens = prompt_tokens(self.draw, self.h, self.biggest, self.run.prompts,
+                                   ["shared", "shared", "sub_block", "edge", "short", "long"],
+                                   4, near_full=False)
+            self.run.apply(op("add_request", rid=rid, tokens=tokens))
+            self.waiting.append(rid)
 
 
 @st.composite
 def connector_trace(draw: st.DrawFn, max_steps: int = 12) -> Run:
-    groups, h, eagle = draw(st.sampled_from(GEOMETRIES))
-    biggest = max(b for _, b, _ in groups)
+    """Draw and run one connector trace (raises ConnectorDivergence on disagreement)."""
+    geometry = draw(st.sampled_from(GEOMETRIES))
     workers = draw(st.sampled_from([1, 1, 2]))
     connector = {"role": draw(st.sampled_from(["producer", "producer", "both", "consumer"])),
                  "num_workers": workers, "save_decode_cache": draw(st.booleans()),
                  "enable_lookup": draw(st.sampled_from([True, True, True, False]))}
-    config = {"groups": [{"kind": k, "block_size": b, **({"eagle": True} if e else {})}
-                         for k, b, e in groups],
-              "hash_block_size": h, "num_blocks": draw(st.sampled_from([10, 16, 24, 40])),
-              "use_eagle": eagle, "connector": connector}
-    run = Run(config)
-    waiting: list[str] = []
-    running: list[str] = []
-    finished: list[str] = []
-    preempted: list[str] = []
-    next_id = 0
+    config = geometry_config(geometry, draw(st.sampled_from([10, 16, 24, 40])),
+                             connector=connector)
+    run = Run(config, ADAPTERS, name="connector-property")
+    script = _ConnectorScript(draw, run, geometry, workers)
     for _ in range(draw(st.integers(1, max_steps))):
-        run.apply(op="new_step")
-        ok: list[str] = []
-        for rid in list(running):
-            action = draw(st.sampled_from(["run", "run", "decode", "finish", "preempt", "idle"]))
-            view = run.view(rid)
-            if action == "finish" or (action == "decode" and view.num_tokens > 4 * biggest):
-                run.apply(op="conn_finish", rid=rid)
-                run.apply(op="free", rid=rid)
-                running.remove(rid)
-                finished.append(rid)
-                continue
-            if action == "preempt":
-                run.apply(op="preempt", rid=rid)
-                running.remove(rid)
-                preempted.append(rid)
-                waiting.append(rid)
-                continue
-            if action == "idle":
-                continue
-            if view.num_computed_tokens >= view.num_tokens:
-                if action != "decode":
-                    continue
-                run.apply(op="append_output", rid=rid, tokens=[draw(st.integers(0, 4))])
-            plan = run.apply(op="plan_chunk", rid=rid,
-                             budget=draw(st.sampled_from([None, biggest])))
-            if plan.get("chunk"):
-                if run.apply(op="allocate", rid=rid, n="plan").get("ok"):
-                    ok.append(rid)
-        for rid in list(waiting):
-            if rid in preempted or not draw(st.booleans()):
-                continue
-            run.apply(op="lookup", rid=rid)
-            res = run.apply(op="sched_lookup", rid=rid)
-            ext = res.get("external") or 0
-            plan = run.apply(op="plan_chunk", rid=rid, use_hit=True, external=ext)
-            if not plan.get("chunk"):
-                continue
-            if run.apply(op="allocate", rid=rid, n="plan", use_hit=True,
-                         external=ext).get("ok"):
-                waiting.remove(rid)
-                running.append(rid)
-                ok.append(rid)
-        run.apply(op="drain_offloads")
-        if run.apply(op="drain_copies").get("handle") is not None:
-            run.apply(op="release_retained")
-        offer = []
-        if ok and draw(st.integers(0, 3)) == 0:
-            # A hand-off the core never produces (an attention-group block or the null
-            # block): the connector must refuse it (conn_step.offer).
-            rid = draw(st.sampled_from(ok))
-            table = run.drivers[0].core.table(rid)
-            g = draw(st.integers(0, len(groups) - 1))
-            blk = table[g][-1] if table[g] and draw(st.booleans()) else 0
-            offer = [[rid, g, h * draw(st.integers(1, 4)), blk]]
-        run.apply(op="conn_step", finished=finished, preempted=preempted,
-                  **({"offer": offer} if offer else {}))
-        finished, preempted = [], []
-        for rid in ok:
-            run.apply(op="commit", rid=rid)
-        for w in range(workers):
-            if draw(st.integers(0, 3)) > 0:
-                script = draw(st.lists(st.sampled_from(SCRIPT_ENTRIES), max_size=3))
-                run.apply(op="worker_run", worker=w, n=draw(st.sampled_from([None, 1])),
-                          store=script)
-        if draw(st.booleans()):
-            run.apply(op="worker_report",
-                      workers=draw(st.sampled_from([None] + [[w] for w in range(workers)])))
-        if run.prompts and draw(st.integers(0, 3)) == 0:
-            run.apply(op="store_lookup", rid=draw(st.sampled_from(sorted(run.prompts))))
-        if run.prompts and draw(st.booleans()):
-            # Drop GPU prefix-cache keys of one prompt from some boundary on, so that later
-            # admissions weigh a shorter local hit against the store.
-            rid = draw(st.sampled_from(sorted(run.prompts)))
-            n = len(run.prompts[rid])
-            cut = h * draw(st.integers(0, max(0, n // h)))
-            end = draw(st.sampled_from([n + 1, cut + biggest]))
-            keys = [[g, b] for g in range(len(groups)) for b in range(max(h, cut), end, h)
-                    if b <= n]
-            if keys:
-                run.apply(op="evict", keys=keys)
-        for _ in range(draw(st.integers(0, 2))):  # arrivals join the next step's admissions
-            if len(run.prompts) < 6:
-                rid = f"r{next_id}"
-                next_id += 1
-                run.apply(op="add_request", rid=rid, tokens=_prompt(draw, h, biggest, run.prompts))
-                waiting.append(rid)
+        script.step()
     for w in range(workers):
-        run.apply(op="worker_run", worker=w)
-    run.apply(op="worker_report")
-    run.apply(op="conn_state")
-    run.apply(op="snapshot")
+        run.apply(op("worker_run", worker=w))
+    run.apply(op("worker_report"))
+    run.apply(op("conn_state"))
+    run.apply(op("snapshot"))
     return run

@@ -1,5 +1,6 @@
 """Unit checks of the reference connector model against numbers verified on vLLM 0.33
-(notes §3.2, §3.6, §6.2) and of the connector trace format (config validation, store scripts)."""
+(``_partial_tail_non_mamba_puts`` and the lookup rules) and of the connector trace
+format (config validation, store scripts)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from tailproof.conformance.connector_ops import (
     validate_connector_config,
 )
 from tailproof.conformance.ops import all_op_specs
-from tailproof.conformance.trace import TraceError, parse_trace
+from tailproof.conformance.trace import FORMAT_TAG, TraceError, parse_trace
 from tailproof.reference.connector.config import StoreGeometry
 from tailproof.reference.connector.lookup import arbitrate
 from tailproof.reference.connector.meta import BoundaryPut, ReqMeta
@@ -39,7 +40,8 @@ def _cfg(fa_bs: int, eagle: bool, h: int = 4, m_bs: int = 16) -> SimpleNamespace
 ])
 def test_attention_tail_puts_match_vllm(fa_bs: int, eagle: bool, prompt: int,
                                         expected: list[int]) -> None:
-    """notes §3.2 [ran 0.33]: lcm 16, h 4, Mamba 16, checkpoint 44."""
+    """As vLLM 0.33's ``_partial_tail_non_mamba_puts`` answers: lcm 16, h 4, Mamba 16,
+    checkpoint 44."""
     geo = StoreGeometry.from_config(_cfg(fa_bs, eagle))
     table = list(range(1, 20))
     job = ReqMeta(req_id="r", token_len_chunk=0, block_ids=(table, [0, 0, 30]),
@@ -82,7 +84,7 @@ def test_connector_config_defaults_and_errors() -> None:
 
 
 def test_trace_loader_validates_the_connector_section() -> None:
-    doc = {"format": "tailproof-trace/1", "config": {
+    doc = {"format": FORMAT_TAG, "config": {
         "groups": [{"kind": FA, "block_size": 16}, {"kind": M, "block_size": 16}],
         "hash_block_size": 4, "num_blocks": 8, "connector": {"role": "nope"}}, "ops": []}
     with pytest.raises(TraceError, match="config.connector: role"):
@@ -94,7 +96,7 @@ def test_trace_loader_validates_the_connector_section() -> None:
 def test_connector_ops_are_merged_into_the_vocabulary() -> None:
     specs = all_op_specs()
     assert set(CONNECTOR_OP_SPECS) <= set(specs)
-    doc = {"format": "tailproof-trace/1", "config": {
+    doc = {"format": FORMAT_TAG, "config": {
         "groups": [{"kind": FA, "block_size": 16}, {"kind": M, "block_size": 16}],
         "hash_block_size": 4, "num_blocks": 8},
         "ops": [{"op": "add_request", "rid": "A", "tokens": [1, 2, 3, 4]},

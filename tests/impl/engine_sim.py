@@ -112,8 +112,8 @@ class Engine:
         from vllm.v1.core.sched.scheduler import Scheduler
         from vllm.v1.structured_output import StructuredOutputManager
 
+        from tailproof.conformance.adapters.runner_sim import GroupShape, SimRunner
         from tailproof.impl.connector import TailproofConnector
-        from tailproof.impl.runner_sim import GroupShape, SimRunner
         from tailproof.spec.arithmetic import lcm_all
 
         init_none_hash(sha256)

@@ -1,9 +1,14 @@
 """``tailproof replay --against reference,impl --store mooncake`` runs the whole corpus on a
-real Mooncake master (started for the run and stopped by PID) with 0 divergences."""
+real Mooncake master (started for the run and stopped by PID) with 0 divergences; a SIGTERM or
+SIGINT to the CLI stops that master too."""
 
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -45,3 +50,51 @@ def test_memory_store_and_given_master(mooncake_master: str,
         rc = main(["replay", *conn, "--against", "reference,impl", "--json", *extra])
         out = json.loads(capsys.readouterr().out)
         assert (rc, out["divergences"]) == (0, []), extra
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                stat = (p / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(p.name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_to_the_cli_stops_the_master_it_started(mooncake_master: str,
+                                                       sig: signal.Signals) -> None:
+    conn = [str(p) for p in corpus_paths() if p.name.startswith("conn_")] * 50  # minutes of work
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tailproof.conformance.cli", "replay", *conn,
+         "--against", "reference,impl", "--store", "mooncake"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        masters: list[int] = []
+        while not masters:
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]  # type: ignore
+            assert time.monotonic() < deadline, "the CLI started no master"
+            masters = [c for c in _children(proc.pid)
+                       if Path(f"/proc/{c}/comm").read_text().startswith("mooncake_maste")]
+            time.sleep(0.1)
+        proc.send_signal(sig)
+        rc = proc.wait(timeout=60)
+        assert rc != 0  # interrupted, not a clean run
+        assert not _alive(masters[0]), "mooncake_master outlived the CLI"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -65,3 +65,64 @@ def test_eagle_margin_and_alignment() -> None:
                       eagle_group_ids=frozenset({0, 1}))
     assert g.alignment == 4 and g.eagle_proof_margin(0) == 4 and g.eagle_proof_margin(1) == 0
     assert g.align_lookup_length(45) == 44
+
+
+def _problems(extra: dict) -> list[str]:
+    with pytest.raises(ConfigError) as ei:
+        parse_settings(extra, "kv_both")
+    return ei.value.problems
+
+
+def test_settings_of_the_other_store_are_rejected_by_name() -> None:
+    (p,) = _problems({"store": "memory", "master_address": "127.0.0.1:50051"})
+    assert "master_address" in p and "'mooncake' store" in p
+    (p,) = _problems({"store": "mooncake", "master_address": "127.0.0.1:50051",
+                      "capacity_bytes": "1GB"})
+    assert "capacity_bytes" in p and "'memory' store" in p
+
+
+def test_one_size_syntax_for_every_size_key() -> None:
+    for text in ("64MB", "64 MiB", 64 << 20, "65536K"):
+        assert parse_settings({"staging_buffer_bytes": text}, None).staging_buffer_bytes == 64 << 20
+    s = parse_settings({"capacity_bytes": "64MB"}, None)
+    assert s.store_config["capacity_bytes"] == "64MB"
+    (p,) = _problems({"staging_buffer_bytes": "lots"})
+    assert p.startswith("staging_buffer_bytes: ")
+    (p,) = _problems({"staging_buffer_bytes": "0MB"})
+    assert "staging_buffer_bytes must be positive" in p
+
+
+@pytest.mark.parametrize("key,store", [("staging_buffer_bytes", "memory"),
+                                       ("capacity_bytes", "memory"),
+                                       ("global_segment_size", "mooncake"),
+                                       ("local_buffer_size", "mooncake")])
+def test_sizes_beyond_the_machines_memory_are_one_clear_line(key: str, store: str) -> None:
+    extra = {"store": store, key: "1000000TB"}
+    if store == "mooncake":
+        extra["master_address"] = "127.0.0.1:50051"
+    (p,) = _problems(extra)
+    assert key in p and "more than this machine's memory" in p
+
+
+@pytest.mark.parametrize("addr", ["127.0.0.1:50051\n", " 127.0.0.1:50051", "127.0.0.1:50051 ",
+                                  "bad host:1", "127.0.0.1:0", "127.0.0.1", "[::1:50051",
+                                  "-leading.dash:1", "a..b:1"])
+def test_master_address_is_validated_strictly(addr: str) -> None:
+    (p,) = _problems({"store": "mooncake", "master_address": addr})
+    assert "master_address" in p
+
+
+@pytest.mark.parametrize("addr", ["127.0.0.1:50051", "[::1]:50051", "mooncake-0.svc:50051",
+                                  "h:1"])
+def test_good_master_addresses(addr: str) -> None:
+    s = parse_settings({"store": "mooncake", "master_address": addr}, None)
+    assert s.store_config["master_address"] == addr
+
+
+def test_local_hostname_and_metadata_server_are_validated() -> None:
+    base = {"store": "mooncake", "master_address": "127.0.0.1:1"}
+    (p,) = _problems({**base, "local_hostname": "127.0.0.1\n"})
+    assert p.startswith("store setting local_hostname")
+    (p,) = _problems({**base, "metadata_server": "http://x:1/metadata\n"})
+    assert "metadata_server" in p
+    assert parse_settings({**base, "metadata_server": "http://127.0.0.1:8080/metadata"}, None)

@@ -3,15 +3,16 @@ with the reference on the whole corpus, and its byte checks catch data-path bugs
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 pytest.importorskip("vllm")
 
 from tailproof.conformance.adapters import impl as impl_adapter  # noqa: E402
+from tailproof.conformance.adapters import make_driver  # noqa: E402
 from tailproof.conformance.replay import run_trace  # noqa: E402
 from tailproof.conformance.trace import load_trace  # noqa: E402
 
@@ -22,39 +23,35 @@ CONN_CASES = [p for p in CASES if p.name.startswith("conn_")]
 
 
 @pytest.fixture
-def store_env(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Run the adapter on the store named by ``request.param`` (memory or mooncake)."""
+def store_env(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
+    """The impl adapter's options for the store named by ``request.param`` (memory or
+    mooncake)."""
     kind = getattr(request, "param", "memory")
-    saved = dict(impl_adapter.ImplConnector.options)
+    options: dict[str, Any] = {"store": kind}
     if kind == "mooncake":
-        addr = request.getfixturevalue("mooncake_master")
-        impl_adapter.ImplConnector.options = {
-            "store": "mooncake", "store_config": {"master_address": addr}}
-    else:
-        impl_adapter.ImplConnector.options = {"store": "memory"}
-    yield
+        options["store_config"] = {"master_address": request.getfixturevalue("mooncake_master")}
+    yield options
     impl_adapter.close_shared_stores()
-    impl_adapter.ImplConnector.options = saved
 
 
-def _divergences(paths: list[Path]) -> list[str]:
+def _divergences(paths: list[Path], options: dict[str, Any]) -> list[str]:
     out = []
     for p in paths:
-        res = run_trace(load_trace(p), ["reference", "impl"])
+        res = run_trace(load_trace(p), ["reference", "impl"], options={"impl": options})
         out += [f"{d.case}@{d.op_index} {d.op} vs {d.against}: {d.got}" for d in res.divergences]
     return out
 
 
 @pytest.mark.parametrize("store_env", ["memory"], indirect=True)
-def test_corpus_agrees_with_reference(store_env: None) -> None:
+def test_corpus_agrees_with_reference(store_env: dict[str, Any]) -> None:
     assert CASES, "no conformance cases found"
-    assert _divergences(CASES) == []
+    assert _divergences(CASES, store_env) == []
 
 
 @pytest.mark.mooncake
 @pytest.mark.parametrize("store_env", ["mooncake"], indirect=True)
-def test_connector_corpus_agrees_on_mooncake(store_env: None) -> None:
-    assert _divergences(CONN_CASES) == []
+def test_connector_corpus_agrees_on_mooncake(store_env: dict[str, Any]) -> None:
+    assert _divergences(CONN_CASES, store_env) == []
 
 
 def _puts_tail(p: Path) -> bool:
@@ -62,16 +59,17 @@ def _puts_tail(p: Path) -> bool:
 
 
 @pytest.mark.parametrize("store_env", ["memory"], indirect=True)
-def test_byte_check_catches_skipped_cow_copy(store_env: None, monkeypatch: pytest.MonkeyPatch
-                                            ) -> None:
+def test_byte_check_catches_skipped_cow_copy(store_env: dict[str, Any],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """If the CoW copy did not run, the store job would read the target's stale bytes."""
-    monkeypatch.setattr(impl_adapter.ImplConnector, "_apply_new_copies", lambda self: None)
-    divs = _divergences([p for p in CONN_CASES if _puts_tail(p)])
+    monkeypatch.setattr(impl_adapter.ImplConnector, "copies", lambda self, pairs: None)
+    divs = _divergences([p for p in CONN_CASES if _puts_tail(p)], store_env)
     assert any("KVByteMismatch" in d for d in divs), divs
 
 
 @pytest.mark.parametrize("store_env", ["memory"], indirect=True)
-def test_byte_check_catches_wrong_block(store_env: None, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_byte_check_catches_wrong_block(store_env: dict[str, Any],
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """Reading the neighbouring block (a wrong offset) is caught at put time."""
     from tailproof.impl.kv_layout import KVLayout
 
@@ -79,13 +77,17 @@ def test_byte_check_catches_wrong_block(store_env: None, monkeypatch: pytest.Mon
     monkeypatch.setattr(KVLayout, "gather",
                         lambda self, g, ids: orig(self, g, [(b % (self.num_blocks - 1)) + 1
                                                            for b in ids]))
-    divs = _divergences(CONN_CASES[:10])
+    divs = _divergences(CONN_CASES[:10], store_env)
     assert any("KVByteMismatch" in d for d in divs), divs
 
 
-def test_store_is_selected_by_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(impl_adapter.ImplConnector, "options", {})
-    monkeypatch.setenv("TAILPROOF_STORE", "memory")
-    assert os.environ["TAILPROOF_STORE"] == "memory"
-    res = run_trace(load_trace(CONN_CASES[0]), ["reference", "impl"])
+def test_options_reach_only_the_impl_adapter() -> None:
+    """``make_driver`` options select the impl adapter's store; other adapters refuse them."""
+    config = load_trace(CONN_CASES[0]).config
+    driver = make_driver("impl", config, {"store": "memory", "device": "cpu"})
+    assert driver.connector is not None and driver.connector.settings.store == "memory"
+    with pytest.raises(ValueError, match="takes no options"):
+        make_driver("reference", config, {"store": "memory"})
+    res = run_trace(load_trace(CONN_CASES[0]), ["reference", "impl"],
+                    options={"impl": {"store": "memory"}})
     assert res.divergences == []

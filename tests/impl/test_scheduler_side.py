@@ -28,7 +28,7 @@ def side(fa_bs: int, eagle: bool, workers: int = 1) -> SchedulerSide:
 ])
 def test_attention_tail_puts_match_vllm(fa_bs: int, eagle: bool, prompt: int,
                                         want: list[tuple[int, int]]) -> None:
-    """The 0.33 results of ``_partial_tail_non_mamba_puts`` (notes §3.2): lcm 16, h 4,
+    """The vLLM 0.33 results of ``_partial_tail_non_mamba_puts``: lcm 16, h 4,
     Mamba 16, checkpoint 44; block ids are table index + 1."""
     s = side(fa_bs, eagle)
     table = list(range(1, 64 // fa_bs + 1))

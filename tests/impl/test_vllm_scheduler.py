@@ -321,7 +321,73 @@ def test_memory_store_rejected_with_several_worker_processes(store_ns: dict) -> 
         TailproofConnector(vc, KVConnectorRole.SCHEDULER, kvc)
 
 
-def test_keys_carry_the_geometry(store_ns: dict) -> None:
+@pytest.mark.parametrize("backend", ["mp", "ray"])
+def test_memory_store_rejected_with_an_out_of_process_worker(store_ns: dict,
+                                                            backend: str) -> None:
+    """TP=1 with the multiprocessing or Ray executor still runs the worker in another process
+    than the scheduler: the memory store would never hit, so it is refused with the fix."""
+    from engine_sim import kv_cache_config, vllm_config
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+
+    from tailproof.impl.config import ConfigError
+
+    vc = vllm_config(store_ns)
+    assert vc.parallel_config.distributed_executor_backend == "uni"  # vLLM's TP=1 default
+    vc.parallel_config.distributed_executor_backend = backend
+    kvc = kv_cache_config(32, (("full_attention", 16), ("mamba", 16)), 4)
+    with pytest.raises(ConfigError, match=f"distributed_executor_backend='{backend}'.*mooncake"):
+        TailproofConnector(vc, KVConnectorRole.SCHEDULER, kvc)
+
+
+def test_memory_store_placement_rule() -> None:
+    from types import SimpleNamespace
+
+    from vllm.v1.executor.uniproc_executor import ExecutorWithExternalLauncher
+
+    from tailproof.impl.config import check_store_placement
+
+    def pc(backend: object, tp: int = 1) -> SimpleNamespace:
+        return SimpleNamespace(tensor_parallel_size=tp, pipeline_parallel_size=1,
+                               distributed_executor_backend=backend)
+
+    for ok in ("uni", "external_launcher", None, ExecutorWithExternalLauncher):
+        assert check_store_placement("memory", pc(ok)) == [], ok
+    for bad in ("mp", "ray", object):
+        assert check_store_placement("memory", pc(bad)), bad
+    assert check_store_placement("memory", pc("uni", tp=2))
+    assert check_store_placement("mooncake", pc("mp", tp=2)) == []
+
+
+def test_keys_carry_the_layout_fingerprint(store_ns: dict) -> None:
+    from tailproof.impl.keys import parse_key
+
     e = Engine(store_ns)
-    assert e.conn.settings.namespace == store_ns["namespace"] + ":b16-16h4"
+    assert e.conn.settings.namespace == store_ns["namespace"]
+    geo = e.conn.fingerprint.parts["geometry"]
+    assert (geo["block_sizes"], geo["h"]) == ([16, 16], 4)
+    key = e.workers[0][0].worker_side.key(0, b"\x01")
+    assert parse_key(key).fingerprint == e.conn.fingerprint.digest
     e.shutdown()
+
+
+@pytest.mark.mooncake
+def test_reset_on_one_engine_leaves_another_engines_hits(mooncake_master: str,
+                                                        store_ns: dict) -> None:
+    """Two engines share one real master and one namespace. Engine 1 resets its prefix cache
+    (as after a weight update): it no longer finds the stored prefix, engine 2 still does."""
+    cfg = {"store": "mooncake", "master_address": mooncake_master,
+           "namespace": store_ns["namespace"] + "-mc"}
+    e1 = Engine(cfg)
+    e1.add("t1", A, max_tokens=2)
+    e1.run()
+    _drained(e1)
+    e2 = Engine(cfg)
+    assert e1.sched.reset_prefix_cache(reset_connector=True)
+    e1.add("again", list(A) + [4, 5], max_tokens=1)
+    assert [j.kvpool_cached_tokens for log in e1.run() for j in log.loads] == []  # keys moved
+    e2.add("t2", list(A) + [4, 5], max_tokens=1)
+    assert [j.kvpool_cached_tokens for log in e2.run() for j in log.loads] == [44]  # untouched
+    _no_byte_errors(e2)
+    _drained(e2)
+    e1.shutdown()
+    e2.shutdown()

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from worker_geometry import GEO, HASHES, NB, SHAPES, TOKENS
 
-from tailproof.impl.config import Settings, StoreGeometry
+from tailproof.conformance.adapters.runner_sim import SimRunner
+from tailproof.impl.config import Settings
 from tailproof.impl.kv_layout import KVLayout, find_block_dim
 from tailproof.impl.meta import (
     BoundaryPut,
@@ -14,17 +16,8 @@ from tailproof.impl.meta import (
     TailKeyBoundary,
     TailproofMeta,
 )
-from tailproof.impl.runner_sim import GroupShape, SimRunner
 from tailproof.impl.stores import MemoryStore, Outcome, Status
 from tailproof.impl.worker_side import WorkerSide
-
-H, BS, NB = 4, 16, 32
-GEO = StoreGeometry(core_group_ids=(0, 1), block_sizes=(BS, BS), is_mamba=(False, True),
-                    hash_block_size=H, lcm_block_size=BS, partial_hits=True, use_eagle=False,
-                    num_blocks=NB)
-SHAPES = [GroupShape("full_attention", BS, layers=2), GroupShape("mamba", BS, layers=2)]
-TOKENS = list(range(100, 160))
-HASHES = [bytes([i]) * 8 for i in range(len(TOKENS) // H)]  # stand-ins for block hashes
 
 
 def make_worker(store: MemoryStore, rank: int = 0, world: int = 1, device: str = "cpu",

@@ -1,7 +1,7 @@
 """Allocate/free-heavy cycles on the reference and on vLLM 0.33's KVCacheManager.
 
 Each cycle is ``benchmarks/core_workload.cycle``: lookup, every scheduler-split prefill chunk,
-drain hand-offs and copies, release retentions, finalize, free (the loop of ``vllm_cpu.md`` §4).
+drain hand-offs and copies, release retentions, finalize, free (``Scheduler.schedule``'s order).
 ``python tests/reference/ref_bench.py`` prints cycles/s of both.
 """
 
@@ -46,23 +46,17 @@ def compare(n: int = 2000, length: int = 200, identical: bool = False,
     """(reference seconds, vllm seconds) on the same workload, each the best of ``repeats``
     interleaved runs (the machine may be shared)."""
     from tailproof.conformance.adapters.reference_core import ReferenceCoreBackend
+    from tailproof.conformance.adapters.vllm_core import VllmCoreBackend
 
-    try:
-        from ref_vllm_shim import vllm_backend_class
-    except ImportError:  # run as a script from the repo root
-        import sys
-        sys.path.insert(0, "tests/reference")
-        from ref_vllm_shim import vllm_backend_class
     cfg = bench_config(mamba_block)
     prompts = workload(n, length, identical)
-    vllm_cls = vllm_backend_class()
     # Warm both (imports, caches), then time.
     run_cycles(ReferenceCoreBackend(cfg), prompts[:50])
-    run_cycles(vllm_cls(cfg), prompts[:50])
+    run_cycles(VllmCoreBackend(cfg), prompts[:50])
     ref = vll = float("inf")
     for _ in range(repeats):
         ref = min(ref, run_cycles(ReferenceCoreBackend(cfg), prompts))
-        vll = min(vll, run_cycles(vllm_cls(cfg), prompts))
+        vll = min(vll, run_cycles(VllmCoreBackend(cfg), prompts))
     return ref, vll
 
 

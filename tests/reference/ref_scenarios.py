@@ -1,11 +1,18 @@
-"""The C1..C10 scenarios of ``vllm_semantics.md`` §6.1 as traces, with the exact vLLM 0.33 block
-ids recorded there as expectations (subset match on each op's observation)."""
+"""Ten hand-written scenarios, C1..C10, as traces with the exact block ids vLLM 0.33 allocates
+as expectations (subset match on each op's observation): the producer's sub-block tail and
+its running CoW (C1), a consumer hitting the CoW target (C2), same-step deferral (C3), finish
+at and past the boundary (C4), equal block sizes (C5), a sub-block prompt (C6), EAGLE (C7), a
+block-aligned prompt in one chunk (C8), eviction of the unpinned CoW target (C9) and a reset
+blocked by a held CoW endpoint (C10). ``core_c01``..``core_c13`` of the corpus script the same
+scenarios further."""
 
 from __future__ import annotations
 
 from typing import Any
 
-FORMAT = "tailproof-trace/1"
+from tailproof.conformance.steps import Op, Steps
+from tailproof.conformance.trace import FORMAT_TAG
+
 FA2_M4_H2 = {
     "groups": [
         {"kind": "full_attention", "block_size": 2},
@@ -14,37 +21,38 @@ FA2_M4_H2 = {
     "hash_block_size": 2,
 }
 PRODUCER = [0, 0, 1, 1, 2, 2, 9]  # P = 7, ck(P) = 6
+# Which expected fields ``chunk`` pins on which op of the step.
+CHUNK_EXPECT = {"allocate": ("new",), "drain_copies": ("copies", "retained"),
+                "drain_offloads": ("offloads",)}
 
 
 def trace(name: str, config: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"format": FORMAT, "name": name, "config": config, "ops": ops}
+    return {"format": FORMAT_TAG, "name": name, "config": config, "ops": ops}
 
 
-def chunk(rid: str, expect: dict[str, Any] | None = None, *, first: bool = False,
-          drain: bool = True) -> list[dict[str, Any]]:
-    """One scheduler step for ``rid``: plan, allocate, drain (copies then offloads), commit."""
-    ops: list[dict[str, Any]] = [{"op": "new_step"}]
+def chunk(rid: str, expect: dict[str, Any] | None = None, *,
+          first: bool = False) -> list[dict[str, Any]]:
+    """One scheduler step for ``rid`` (``tailproof.conformance.steps``): plan, allocate,
+    drain (hand-offs, copies; the retention is kept), commit; ``expect`` pins the allocated
+    blocks, the copies and retention, and the hand-offs."""
+    ops: list[Op] = []
+
+    def emit(trace_op: Op) -> None:
+        pinned = {k: expect[k] for k in CHUNK_EXPECT.get(trace_op["op"], ()) if k in expect} \
+            if expect else {}
+        if pinned and trace_op["op"] == "allocate":
+            pinned = {"ok": True, **pinned}
+        ops.append({**trace_op, "expect": pinned} if pinned else trace_op)
+
+    steps = Steps(emit)
+    steps.begin()
     if first:
-        ops.append({"op": "lookup", "rid": rid})
-    ops.append({"op": "plan_chunk", "rid": rid, "use_hit": first})
-    alloc: dict[str, Any] = {"op": "allocate", "rid": rid, "n": "plan", "use_hit": first}
-    if expect and "new" in expect:
-        alloc["expect"] = {"ok": True, "new": expect["new"]}
-    ops.append(alloc)
-    if drain:
-        ops.append(_with(
-            {"op": "drain_copies"}, expect and {
-                k: expect[k] for k in ("copies", "retained") if k in expect}))
-        ops.append(_with({"op": "drain_offloads"}, expect and (
-            {"offloads": expect["offloads"]} if "offloads" in expect else None)))
-    ops.append({"op": "commit", "rid": rid})
+        steps.admit(rid)
+    else:
+        steps.run(rid)
+    steps.drain(release=False)
+    steps.commit(rid)
     return ops
-
-
-def _with(op: dict[str, Any], expect: dict[str, Any] | None) -> dict[str, Any]:
-    if expect:
-        op["expect"] = expect
-    return op
 
 
 def off(rid: str, group: int, block: int, boundary: int, kind: str) -> dict[str, Any]:

@@ -18,13 +18,6 @@ pytestmark = pytest.mark.vllm
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _vllm_adapter() -> None:
-    from ref_vllm_shim import vllm_backend_class
-
-    vllm_backend_class()
-
-
 @pytest.mark.parametrize("seed", range(60))
 def test_random_traces_agree_with_vllm(seed: int) -> None:
     doc = gen_trace(seed)

@@ -1,4 +1,4 @@
-"""Invariants of vllm_semantics.md §4 checked after every op of random scheduler-like traces
+"""Invariants (docs/spec.md, section 4) checked after every op of random scheduler-like traces
 run on the reference alone (no vLLM needed): I1 refcount accounting, I2 free-queue
 membership, I4 key-map consistency."""
 

@@ -46,7 +46,7 @@ def test_get_new_blocks_raises_when_short() -> None:
 
 def test_partial_key_survives_promotion_as_secondary() -> None:
     # FA bs4, h2, P=7: the partial entry @6 is registered, then the block fills (full @8)
-    # and keeps @6 as a secondary key ([ran 0.33] in vllm_semantics.md §1.3).
+    # and keeps @6 as a secondary key (vLLM 0.33's ``BlockPool._insert_block_hash``).
     m = KVCacheManager(geo([(FA, 4), (MA, 4)], 2))
     r = Request("a", [0, 0, 1, 1, 2, 2, 9], 2)
     assert m.allocate_slots(r, 7) is not None
@@ -109,7 +109,7 @@ def test_geometry_derivations() -> None:
     assert g.drop_eagle_group_ids == {0, 1}  # none flagged: all groups
 
 
-# --- scheduler split (vllm_semantics.md §6.1 T1-T4) -------------------------------------
+# --- scheduler split (upstream tests T1-T4, docs/citations.md) --------------------------
 
 def _chunks(g: Geometry, prompt_len: int, start: int = 0, budget: int | None = None) -> list[int]:
     r = Request("r", [0] * prompt_len, g.hash_block_size)
@@ -152,7 +152,7 @@ def test_split_t4_stops_below_eagle_proof_boundary() -> None:
 
 
 def test_split_c_series_chunk_ends() -> None:
-    # [ran 0.33] chunk ends (vllm_semantics.md §2.5).
+    # the chunk ends vLLM 0.33's ``Scheduler._mamba_block_aligned_split`` gives.
     cases = [((16, 4), 13, [12, 13]), ((16, 4), 16, [12, 16]), ((16, 4), 45, [32, 44, 45]),
              ((16, 4), 12, [8, 12]), ((4, 2), 7, [4, 6, 7]), ((4, 2), 6, [4, 6])]
     for (bs, h), p, ends in cases:

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 from storetest_helpers import MIB, mooncake_config, pattern, timed, wait_until
 
+from tailproof.conformance.local_master import LocalMaster
 from tailproof.impl.stores import Status, Store, StoreError, make_store
-from tailproof.impl.stores.local_master import LocalMaster
 
 Factory = Callable[..., LocalMaster]  # the mooncake_master_factory fixture
 FAILED = {Status.ERROR, Status.TIMEOUT, Status.MISS}
@@ -137,3 +137,20 @@ def test_setup_without_master_fails_fast_with_clear_error(mooncake_available: No
     with pytest.raises(StoreError, match=f"mooncake setup failed.*127.0.0.1:{port}"):
         make_store(mooncake_config(f"127.0.0.1:{port}"))
     assert time.monotonic() - t < 10.0  # setup_retries=1: ~4.4 s instead of ~90 s
+
+
+def test_close_after_the_master_died_is_bounded(mooncake_master_factory: Factory) -> None:
+    """The client's own close retries unmounting from a dead master for 2-20 s holding the GIL;
+    the store's close returns within its bound and parks the native close until exit."""
+    from tailproof.impl.stores.mooncake import CLOSE_BOUND_S
+
+    for touched in (False, True):  # with and without a call that noticed the dead master
+        master = mooncake_master_factory()
+        s = make_store(mooncake_config(master.address))
+        assert s.put("k", pattern(0, 64 * 1024)).ok
+        master.kill()
+        if touched:
+            s.exists(["k"])
+        _, secs = timed(s.close)
+        assert secs < CLOSE_BOUND_S + 1.5, (touched, secs)
+        assert s.exists(["k"]) == [False]  # closed: answers, never crashes

@@ -1,8 +1,14 @@
-"""Run a ``mooncake_master`` on 127.0.0.1 for tests, benchmarks and single-machine development.
+"""Run a ``mooncake_master`` on 127.0.0.1 for the harness, tests and benchmarks.
 
-Why here: the test fixtures (tests/impl/conftest.py) and the benchmarks both need a real master
-on loopback, started on free ports, ready-checked, and stopped by its own PID (never by name).
-Production deployments run their master themselves; this module is only a convenience.
+Why here (the harness, not ``tailproof.impl``): ``tailproof replay --store mooncake`` without
+``--mooncake-master`` starts one for the run, so the launcher is needed at run time, not only by
+tests; the test fixtures (tests/impl/conftest.py) and the benchmarks use it too. It starts a real
+master on loopback on free ports, checks it is ready, and stops it by its own PID (never by
+name). Production deployments run their master themselves.
+
+The master's log goes to a private folder (``mkdtemp``: mode 0700, unpredictable name, removed
+when the context manager exits) unless the caller names one; the file is opened with
+``O_NOFOLLOW``, so a planted symlink is never followed.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from .base import StoreError
+from tailproof.impl.stores.base import StoreError
 
 # Read leases: a get's lease must outlive its transfer, or Mooncake answers -707 LEASE_EXPIRED
 # (seen at 200 ms for a 65 MiB batch on a loaded 2-core machine); 2 s keeps tests and
@@ -68,7 +74,9 @@ class LocalMaster:
                  lease_ttl_ms: int = LEASE_TTL_MS) -> None:
         self.binary = find_master_binary()
         self.rpc_port, self.metrics_port = free_port(), free_port()
-        log_dir = log_dir or Path(tempfile.gettempdir())
+        self._private_dir: Path | None = None
+        if log_dir is None:
+            log_dir = self._private_dir = Path(tempfile.mkdtemp(prefix="tailproof-mooncake-"))
         self.log_path = log_dir / f"mooncake-master-{self.rpc_port}.log"
         self.extra_flags = extra_flags
         self.lease_ttl_ms = lease_ttl_ms
@@ -89,15 +97,21 @@ class LocalMaster:
                "--enable_http_metadata_server=false", f"--default_kv_lease_ttl={self.lease_ttl_ms}",
                f"--client_ttl={CLIENT_TTL_S}", "--rpc_thread_num=2", "--logtostderr=1",
                *self.extra_flags]
-        with open(self.log_path, "ab") as log:
+        fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
+                     | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                          start_new_session=True)
         deadline = time.monotonic() + timeout_s
-        while not _accepts(self.rpc_port):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise StoreError(f"mooncake_master did not start:\n{self.log_tail()}")
-            time.sleep(0.02)
+        try:
+            while not _accepts(self.rpc_port):
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise StoreError(f"mooncake_master did not start:\n{self.log_tail()}")
+                time.sleep(0.02)
+        except BaseException:  # also SIGTERM/Ctrl-C while waiting: no master is left behind
+            self.stop()
+            self.remove_private_log()
+            raise
         return self
 
     def signal(self, sig: signal.Signals) -> None:
@@ -113,15 +127,20 @@ class LocalMaster:
 
     def stop(self) -> None:
         """Stop by PID: SIGCONT (in case frozen), SIGTERM, then SIGKILL after 10 s."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGCONT)
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def remove_private_log(self) -> None:
+        """Delete the private log folder (only one this object created)."""
+        if self._private_dir is not None:
+            shutil.rmtree(self._private_dir, ignore_errors=True)
+            self._private_dir = None
 
     def log_tail(self, n: int = 2000) -> str:
         try:
@@ -135,3 +154,4 @@ class LocalMaster:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.stop()
+        self.remove_private_log()

@@ -1,0 +1,195 @@
+"""The layout fingerprint: a short digest of everything that decides what a stored block's bytes
+mean, so two engines share store keys exactly when their bytes are interchangeable.
+
+Why: a key that names only the prefix hash lets an fp16 engine's blocks load into a bf16 engine,
+another checkpoint's blocks load under the same model path, or a pipeline stage's blocks load into
+another stage -- the load "succeeds" with foreign values in the KV cache. The fingerprint covers:
+
+* model identity: ``model``, ``revision`` (and the config revision vLLM resolved), the hub
+  commit of the config when known, ``quantization``;
+* dtypes: the model dtype, ``cache_dtype`` (KV-cache dtype), the Mamba state dtypes;
+* per stored KV cache group: the full ``KVCacheSpec`` (type, block size, heads, head size, dtype,
+  Mamba shapes and dtypes, ...) and, without pipeline parallelism, its layer names;
+* parallelism: tensor, pipeline and decode-context parallel sizes and the pipeline layer
+  partition (``VLLM_PP_LAYER_PARTITION``); the rank of a shard is in the key itself;
+* the prefix hash: ``prefix_caching_hash_algo`` and the hash seed (``PYTHONHASHSEED``);
+* the block geometry: group block sizes, Mamba flags, h, the lcm, hit alignment, EAGLE.
+
+Both connector roles derive it from vLLM's config the same way (the scheduler has no tensors);
+the worker then checks its registered tensors against the same specs (:func:`check_tensors`),
+so a fingerprint can never claim a layout the worker does not actually hold.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+#: Hex digits of the digest in every key (64 bits: accidental collisions are negligible).
+DIGEST_HEX = 16
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """The digest (in every key and value header) and what it was computed from (logs)."""
+
+    digest: str
+    parts: Mapping[str, Any]
+
+    @property
+    def raw(self) -> bytes:
+        """The digest as bytes (value header)."""
+        return bytes.fromhex(self.digest)
+
+
+def _canon(v: Any) -> Any:
+    """A JSON-stable form of a config value (dtypes and enums by name, tuples as lists)."""
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    if isinstance(v, enum.Enum):
+        return f"{type(v).__name__}.{v.name}"
+    if isinstance(v, Mapping):
+        return {str(k): _canon(x) for k, x in sorted(v.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(v, (list, tuple, frozenset, set)):
+        items = [_canon(x) for x in v]
+        return sorted(items, key=repr) if isinstance(v, (set, frozenset)) else items
+    if dataclasses.is_dataclass(v) and not isinstance(v, type):
+        return {"type": type(v).__name__,
+                **{f.name: _canon(getattr(v, f.name)) for f in dataclasses.fields(v)}}
+    text = str(v)  # torch.dtype and the like: "torch.float16"
+    # An object without a stable text form must not make the digest differ per process.
+    return type(v).__name__ if " at 0x" in text else text
+
+
+def resolve_spec(spec: Any) -> Any:
+    """The spec the scheduler sees for a group: a ``UniformTypeKVCacheSpecs`` becomes its first
+    layer's spec, exactly as ``kv_cache_utils.generate_scheduler_kv_cache_config`` does."""
+    inner = getattr(spec, "kv_cache_specs", None)
+    if isinstance(inner, Mapping) and inner:
+        return next(iter(inner.values()))
+    return spec
+
+
+def digest_of(parts: Mapping[str, Any]) -> Fingerprint:
+    canon = _canon(parts)
+    blob = json.dumps(canon, sort_keys=True, separators=(",", ":")).encode()
+    return Fingerprint(hashlib.blake2b(blob, digest_size=DIGEST_HEX // 2).hexdigest(), canon)
+
+
+def model_identity(model_config: Any) -> dict[str, Any]:
+    """Name plus every revision vLLM knows (a rolling upgrade at the same path must set one)."""
+    hf = getattr(model_config, "hf_config", None)
+    return {
+        "model": getattr(model_config, "model", None),
+        "revision": getattr(model_config, "revision", None),
+        "config_revision": getattr(model_config, "_hf_config_revision", None),
+        "commit": getattr(hf, "_commit_hash", None) if hf is not None else None,
+        "quantization": getattr(model_config, "quantization", None),
+        "dtype": getattr(model_config, "dtype", None),
+    }
+
+
+def layout_parts(vllm_config: Any, kv_cache_config: Any, geo: Any) -> dict[str, Any]:
+    """Everything :class:`Fingerprint` covers, from vLLM's config alone (both roles)."""
+    cache = vllm_config.cache_config
+    par = vllm_config.parallel_config
+    pp = par.pipeline_parallel_size
+    groups = []
+    for gid in geo.core_group_ids:
+        g = kv_cache_config.kv_cache_groups[gid]
+        # With pipeline parallelism each stage holds other layers (the scheduler sees stage 0's
+        # names); the stage's layers then follow from the model, pp size and partition.
+        names = sorted(g.layer_names) if pp == 1 else None
+        groups.append({"spec": resolve_spec(g.kv_cache_spec), "layers": names})
+    return {
+        "model": model_identity(vllm_config.model_config),
+        "kv_cache_dtype": getattr(cache, "cache_dtype", None),
+        "mamba_cache_dtype": getattr(cache, "mamba_cache_dtype", None),
+        "mamba_ssm_cache_dtype": getattr(cache, "mamba_ssm_cache_dtype", None),
+        "groups": groups,
+        "tp": par.tensor_parallel_size,
+        "pp": pp,
+        "dcp": getattr(par, "decode_context_parallel_size", 1),
+        "pp_partition": os.environ.get("VLLM_PP_LAYER_PARTITION"),
+        "hash_algo": getattr(cache, "prefix_caching_hash_algo", None),
+        "hash_seed": os.environ.get("PYTHONHASHSEED"),
+        "geometry": geometry_parts(geo),
+    }
+
+
+def geometry_parts(geo: Any) -> dict[str, Any]:
+    return {"block_sizes": list(geo.block_sizes), "mamba": list(geo.is_mamba),
+            "h": geo.hash_block_size, "lcm": geo.lcm_block_size,
+            "partial_hits": geo.partial_hits, "eagle": geo.use_eagle}
+
+
+def fingerprint_from_vllm(vllm_config: Any, kv_cache_config: Any, geo: Any) -> Fingerprint:
+    """The engine's fingerprint (identical on the scheduler and every worker)."""
+    return digest_of(layout_parts(vllm_config, kv_cache_config, geo))
+
+
+def geometry_fingerprint(geo: Any) -> Fingerprint:
+    """A fingerprint of the block geometry alone: for parts driven without a ``VllmConfig``
+    (the conformance adapter, unit tests), where no model or dtype is known."""
+    return digest_of({"geometry": geometry_parts(geo)})
+
+
+def expected_layer_bytes(spec: Any) -> int | None:
+    """Bytes of one block of one layer as the spec defines them, unpadded (None: unknown)."""
+    spec = resolve_spec(spec)
+    for name in ("real_page_size_bytes", "page_size_bytes"):
+        try:
+            val = getattr(spec, name)
+        except (AttributeError, NotImplementedError, TypeError):
+            continue
+        if isinstance(val, int):
+            return val
+    return None
+
+
+def spec_dtypes(spec: Any) -> tuple[Any, ...]:
+    """The tensor dtypes a layer of this spec holds (one per state tensor for Mamba)."""
+    spec = resolve_spec(spec)
+    if getattr(spec, "dtypes", None):
+        return tuple(spec.dtypes)
+    dt = getattr(spec, "dtype", None)
+    return (dt,) if dt is not None else ()
+
+
+def _itemsize(dtype: Any) -> int | None:
+    return getattr(dtype, "itemsize", None)
+
+
+def check_tensors(layer_bytes: Mapping[str, int], layer_itemsizes: Mapping[str, Sequence[int]],
+                  groups: Sequence[tuple[Sequence[str], Any]]) -> list[str]:
+    """Problems where the registered KV tensors disagree with the specs the fingerprint covers.
+
+    ``layer_bytes[name]``: bytes of one block of that layer as registered (all its tensors);
+    ``layer_itemsizes[name]``: their element sizes; ``groups``: (layer names, spec) per stored
+    group. Element sizes, not dtypes, are compared: backends may view a KV tensor under another
+    dtype of the same width (the dtype itself is in the fingerprint). Layers this rank does not
+    hold (pipeline parallelism) are skipped.
+    """
+    problems: list[str] = []
+    for names, spec in groups:
+        want_bytes = expected_layer_bytes(spec)
+        want_sizes = {s for s in map(_itemsize, spec_dtypes(spec)) if s is not None}
+        kind = type(resolve_spec(spec)).__name__
+        for name in names:
+            if name not in layer_bytes:
+                continue
+            got = layer_bytes[name]
+            if want_bytes is not None and got != want_bytes:
+                problems.append(f"KV cache layer {name!r}: one block holds {got} bytes but its "
+                                f"{kind} says {want_bytes}")
+            sizes = set(layer_itemsizes.get(name, ()))
+            if want_sizes and sizes and not sizes <= want_sizes:
+                problems.append(f"KV cache layer {name!r}: element sizes {sorted(sizes)} but its "
+                                f"{kind} dtypes have {sorted(want_sizes)}")
+    return problems

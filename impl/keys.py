@@ -1,0 +1,69 @@
+"""Store keys: which bytes a key names (format ``kv1``, documented in docs/store-format.md).
+
+    kv1:<namespace>@<fingerprint>@e<epoch>@t<tp rank>p<pp rank>@g<store group>@<prefix hash hex>
+
+* ``namespace``: the deployment's choice (engines that should share KV use the same one);
+* ``fingerprint``: :mod:`tailproof.impl.fingerprint` -- model identity, dtypes, layer layout,
+  parallel sizes, prefix-hash algorithm and seed, block geometry -- so engines whose bytes are
+  not interchangeable never share a key (a load across a difference is a miss);
+* ``epoch``: ``0`` from start-up; a prefix-cache reset moves this engine to a fresh random epoch,
+  which makes its earlier keys unreachable *for it* without touching anyone else's keys;
+* ``t..p..``: the tensor- and pipeline-parallel rank of the shard (separately: TP=2 rank 1 and
+  PP=2 rank 1 are different bytes);
+* the store group and vLLM's chained prefix hash (a content address of the token prefix).
+
+The ``kv1`` prefix is the key format version: a later format never reads these keys.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from dataclasses import dataclass
+
+KEY_FORMAT = "kv1"
+INITIAL_EPOCH = "0"
+_KEY_RE = re.compile(
+    r"^kv1:(?P<ns>[^@]+)@(?P<fp>[0-9a-f]+)@e(?P<epoch>[0-9a-f]+)"
+    r"@t(?P<tp>\d+)p(?P<pp>\d+)@g(?P<group>\d+)@(?P<hash>[0-9a-f]+)$")
+
+
+@dataclass(frozen=True)
+class KeySpace:
+    """One engine's keys: namespace, layout fingerprint and tensor-parallel size.
+
+    Worker ranks are vLLM's ``tp_rank + pp_rank * tp_size`` (see ``connector._rank``)."""
+
+    namespace: str
+    fingerprint: str
+    tp_size: int = 1
+
+    def key(self, rank: int, group: int, block_hash: bytes, epoch: str = INITIAL_EPOCH) -> str:
+        tp, pp = rank % self.tp_size, rank // self.tp_size
+        return (f"{KEY_FORMAT}:{self.namespace}@{self.fingerprint}@e{epoch}@t{tp}p{pp}"
+                f"@g{group}@{block_hash.hex()}")
+
+
+@dataclass(frozen=True)
+class ParsedKey:
+    namespace: str
+    fingerprint: str
+    epoch: str
+    tp_rank: int
+    pp_rank: int
+    group: int
+    block_hash: bytes
+
+
+def parse_key(key: str) -> ParsedKey:
+    """The fields of a ``kv1`` key; ValueError for anything else (e.g. an older format)."""
+    m = _KEY_RE.match(key)
+    if m is None:
+        raise ValueError(f"not a {KEY_FORMAT} store key: {key!r}")
+    return ParsedKey(m["ns"], m["fp"], m["epoch"], int(m["tp"]), int(m["pp"]), int(m["group"]),
+                     bytes.fromhex(m["hash"]))
+
+
+def new_epoch() -> str:
+    """A fresh epoch for a reset: random, so no other engine or restart can pick it."""
+    return secrets.token_hex(4)

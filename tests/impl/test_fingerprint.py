@@ -1,0 +1,177 @@
+"""Keys name the bytes: engines share keys exactly when their KV bytes are interchangeable.
+
+The matrix starts from a real vLLM 0.33 config of the tiny hybrid model (``engine_sim``) and
+changes one thing at a time; every change gives another fingerprint, and a load across it is a
+miss (fail closed: nothing reaches the KV cache), never a load of foreign bytes.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import replace
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from tailproof.conformance.adapters.runner_sim import GroupShape, SimRunner
+from tailproof.impl.config import Settings, StoreGeometry, geometry_from_vllm
+from tailproof.impl.fingerprint import Fingerprint, check_tensors, fingerprint_from_vllm
+from tailproof.impl.keys import KeySpace, parse_key
+from tailproof.impl.meta import BoundaryPut, LoadJob, StoreJob, TailKeyBoundary, TailproofMeta
+from tailproof.impl.stores import MemoryStore
+from tailproof.impl.worker_side import WorkerSide
+
+pytestmark = pytest.mark.vllm
+
+H, NB = 4, 32
+TOKENS = list(range(100, 160))
+HASHES = [bytes([i]) * 8 for i in range(len(TOKENS) // H)]
+
+
+def _base() -> tuple[Any, Any, StoreGeometry]:
+    from engine_sim import GROUPS, kv_cache_config, vllm_config
+
+    vc = vllm_config({"store": "memory"}, h=H)
+    kvc = kv_cache_config(NB, GROUPS, H)
+    return vc, kvc, geometry_from_vllm(vc, kvc)
+
+
+def _set(obj: Any, **attrs: Any) -> Any:
+    out = copy.copy(obj)
+    for k, v in attrs.items():
+        object.__setattr__(out, k, v)  # vLLM's config dataclasses validate on assignment
+    return out
+
+
+def _variant(name: str, monkeypatch: pytest.MonkeyPatch) -> Fingerprint:
+    vc, kvc, geo = _base()
+    model, cache, par = vc.model_config, vc.cache_config, vc.parallel_config
+    if name == "same model again":
+        pass
+    elif name == "model path":
+        model = _set(model, model="/models/other")
+    elif name == "revision":
+        model = _set(model, revision="v2")
+    elif name == "dtype":
+        model = _set(model, dtype=torch.bfloat16)
+    elif name == "kv cache dtype":
+        cache = _set(cache, cache_dtype="fp8")
+    elif name == "mamba ssm dtype":
+        cache = _set(cache, mamba_ssm_cache_dtype="float32")
+    elif name == "layer names":
+        kvc = copy.deepcopy(kvc)
+        kvc.kv_cache_groups[0].layer_names = ["model.layers.7.attn", "model.layers.9.attn"]
+    elif name == "tensor shape":
+        kvc = copy.deepcopy(kvc)
+        kvc.kv_cache_groups[0].kv_cache_spec = replace(kvc.kv_cache_groups[0].kv_cache_spec,
+                                                       head_size=8)
+    elif name == "tp size":
+        par = _set(par, tensor_parallel_size=2)
+    elif name == "pp size":
+        par = _set(par, pipeline_parallel_size=2)
+    elif name == "hash algorithm":
+        cache = _set(cache, prefix_caching_hash_algo="sha256_cbor")
+    elif name == "hash seed":
+        monkeypatch.setenv("PYTHONHASHSEED", "1234")
+    elif name == "h":
+        geo = replace(geo, hash_block_size=8)
+    elif name == "block size":
+        geo = replace(geo, block_sizes=(32, 32), lcm_block_size=32)
+    else:
+        raise AssertionError(name)
+    ns = SimpleNamespace(model_config=model, cache_config=cache, parallel_config=par)
+    return fingerprint_from_vllm(ns, kvc, geo)
+
+
+DIFFERENCES = ["model path", "revision", "dtype", "kv cache dtype", "mamba ssm dtype",
+               "layer names", "tensor shape", "tp size", "pp size", "hash algorithm",
+               "hash seed", "h", "block size"]
+
+
+def _worker(store: MemoryStore, fp: Fingerprint) -> tuple[WorkerSide, SimRunner]:
+    geo = StoreGeometry(core_group_ids=(0, 1), block_sizes=(16, 16), is_mamba=(False, True),
+                    hash_block_size=H, lcm_block_size=16, partial_hits=True, use_eagle=False,
+                    num_blocks=NB)
+    runner = SimRunner([GroupShape("full_attention", 16, 2), GroupShape("mamba", 16, 2)], NB)
+    w = WorkerSide(Settings(namespace="shared"), geo, store, 0, 1, fingerprint=fp)
+    w.register_kv_caches(runner.kv, runner.layer_names)
+    return w, runner
+
+
+def _save_then_load(fp_writer: Fingerprint, fp_reader: Fingerprint) -> tuple[bool, Any, Any]:
+    """Writer saves a 44-token prefix; reader (same namespace) loads it into fresh blocks."""
+    store = MemoryStore()
+    w, runner = _worker(store, fp_writer)
+    tables = ([1, 2, 3], [0, 0, 6])
+    runner.forward("A", TOKENS, 0, 44, tables)
+    w.wait_for_save(TailproofMeta(stores=[StoreJob(
+        store_job_id=0, req_id="A", token_len_chunk=32, block_ids=tables, block_hashes=HASHES,
+        boundary_puts=[BoundaryPut(0, 3, 44), BoundaryPut(1, 6, 44)])]))
+    r, rrun = _worker(store, fp_reader)
+    ctab = ([7, 8, 9], [0, 0, 10])
+    before = {k: v.clone() for k, v in rrun.kv.items() if isinstance(v, torch.Tensor)}
+    load = LoadJob(req_id="B", block_ids=ctab, block_hashes=HASHES, vllm_cached_tokens=0,
+                   kvpool_cached_tokens=44,
+                   tail_key_boundaries=(TailKeyBoundary(0, 44), TailKeyBoundary(1, 44)))
+    ok = r.start_load(TailproofMeta(loads=[load]))["B"]
+    return ok, (r, rrun, ctab), before
+
+
+def test_same_model_twice_shares_keys_and_loads(monkeypatch: pytest.MonkeyPatch) -> None:
+    a, b = _variant("same model again", monkeypatch), _variant("same model again", monkeypatch)
+    assert a.digest == b.digest and len(a.digest) == 16
+    ok, (_, rrun, ctab), _ = _save_then_load(a, b)
+    assert ok and rrun.check("B", TOKENS, 0, 44, ctab) == []
+
+
+@pytest.mark.parametrize("difference", DIFFERENCES)
+def test_each_difference_is_another_fingerprint_and_a_miss(
+        difference: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    base = _variant("same model again", monkeypatch)
+    other = _variant(difference, monkeypatch)
+    assert other.digest != base.digest
+    ok, (reader, rrun, _), before = _save_then_load(base, other)
+    assert not ok  # fail closed ...
+    assert reader.metrics.c.total("get_fail_miss") >= 1  # ... as a miss, not a bad value
+    for name, t in before.items():  # ... and not one byte reached the KV cache
+        assert torch.equal(rrun.kv[name], t)
+
+
+def test_tp_rank_and_pp_rank_are_separate_in_the_key() -> None:
+    tp2 = KeySpace("ns", "0" * 16, tp_size=2)  # TP=2 x PP=1: rank 1 = tp rank 1
+    pp2 = KeySpace("ns", "0" * 16, tp_size=1)  # TP=1 x PP=2: rank 1 = pp rank 1
+    k_tp, k_pp = tp2.key(1, 0, b"\x01"), pp2.key(1, 0, b"\x01")
+    assert k_tp != k_pp
+    assert (parse_key(k_tp).tp_rank, parse_key(k_tp).pp_rank) == (1, 0)
+    assert (parse_key(k_pp).tp_rank, parse_key(k_pp).pp_rank) == (0, 1)
+
+
+def test_scheduler_and_worker_compute_the_same_keys() -> None:
+    """Both roles of a real connector derive one fingerprint from vLLM's config alone."""
+    from engine_sim import Engine
+
+    eng = Engine({"store": "memory", "namespace": "fp-test"})
+    try:
+        wc = eng.workers[0][0]
+        assert wc.fingerprint.digest == eng.conn.fingerprint.digest
+        lookup_key = eng.conn.scheduler_side.lookup_client.keys.key(0, 1, b"\xab")
+        assert wc.worker_side.key(1, b"\xab") == lookup_key
+        assert parse_key(lookup_key).fingerprint == eng.conn.fingerprint.digest
+    finally:
+        eng.shutdown()
+
+
+def test_worker_rejects_tensors_that_disagree_with_the_config() -> None:
+    _, kvc, _ = _base()
+    groups = [(g.layer_names, g.kv_cache_spec) for g in kvc.kv_cache_groups]
+    fa, mamba = kvc.kv_cache_groups[0].layer_names, kvc.kv_cache_groups[1].layer_names
+    good_bytes = {fa[0]: 2 * 16 * 4 * 4, fa[1]: 2 * 16 * 4 * 4,
+                  mamba[0]: (3 + 5) * 4, mamba[1]: (3 + 5) * 4}
+    sizes = {n: [4] for n in good_bytes}
+    assert check_tensors(good_bytes, sizes, groups) == []
+    bad = check_tensors({**good_bytes, fa[1]: 2 * 16 * 4 * 2}, {**sizes, fa[1]: [2]}, groups)
+    assert len(bad) == 2 and all(repr(fa[1]) in p for p in bad)
+    # A layer this rank does not hold (pipeline parallelism) is not a problem.
+    assert check_tensors({fa[0]: good_bytes[fa[0]]}, sizes, groups) == []
