@@ -518,7 +518,11 @@ MUTANTS: list[Mutant] = [
        "a job of a preempted or retired request still puts"),
     _m("mw-boundary-null-put", MW, "KVCacheStoreSendingThread._boundary_puts",
        "or block_id == NULL_BLOCK_ID", "",
-       "a boundary put naming the null block is executed"),
+       "a boundary put naming the null block is executed",
+       equivalent="dead in vLLM 0.33: every job the worker runs was emitted with can_save, "
+                  "and the store scheduler's _reference_save_blocks asserts that no boundary "
+                  "put of such a job names NULL_BLOCK_ID before the job leaves the scheduler "
+                  "(a retried job keeps the puts checked at its first emission)"),
     _m("mw-boundary-not-deduped", MW, "KVCacheStoreSendingThread._maybe_offload_boundary_states",
        "missing = [i for i, e in enumerate(exists) if e != 1]",
        "missing = list(range(len(exists)))",
