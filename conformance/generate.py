@@ -130,8 +130,33 @@ class _CoreScript:
             if not draw(st.booleans()):
                 return
             self.run.apply(op("append_output", rid=rid, tokens=[draw(st.integers(0, 5))]))
+            drafts = draw(st.sampled_from([0, 0, 1, 2, 3]))
+            if drafts:
+                self.decode_with_drafts(rid, drafts)
+                return
         if self.steps.run(rid):
             self.steps.commit(rid)
+
+    def decode_with_drafts(self, rid: str, drafts: int) -> None:
+        """A decode step that verifies ``drafts`` speculative tokens: scheduled with the real
+        one (``plan_chunk drafts``), counted as computed (``commit``), the rejected ones taken
+        back (``rollback``) and the accepted ones plus the bonus token appended, as
+        ``Scheduler.update_from_output`` does."""
+        draw = self.draw
+        view = self.run.request(rid)
+        real = view.num_tokens - view.num_computed_tokens
+        plan = self.run.apply(op("plan_chunk", rid=rid, drafts=drafts))
+        if not plan or not plan.get("chunk"):
+            return
+        if not (self.run.apply(op("allocate", rid=rid, n="plan")) or {}).get("ok"):
+            return
+        self.steps.commit(rid)
+        scheduled = max(0, plan["chunk"] - real)
+        rejected = draw(st.integers(0, scheduled))
+        self.run.apply(op("rollback", rid=rid, n=rejected))
+        if plan["chunk"] >= real:
+            self.run.apply(op("append_output", rid=rid, tokens=[
+                draw(st.integers(0, 5)) for _ in range(scheduled - rejected + 1)]))
 
     def add(self) -> None:
         if len(self.run.prompts) < 8:
