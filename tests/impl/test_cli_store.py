@@ -5,6 +5,7 @@ SIGINT to the CLI stops that master too."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -19,14 +20,16 @@ pytestmark = [pytest.mark.mooncake, pytest.mark.vllm]
 
 
 def _master_pids() -> set[int]:
+    """Live mooncake_master processes that this test process started (other suites on the same
+    machine run masters of their own)."""
     pids = set()
-    for p in Path("/proc").iterdir():
-        if p.name.isdigit():
-            try:
-                if (p / "comm").read_text().strip().startswith("mooncake_maste"):
-                    pids.add(int(p.name))
-            except OSError:
-                continue
+    for pid in _children(os.getpid()):
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip().startswith("mooncake_maste"):
+                if _alive(pid):
+                    pids.add(pid)
+        except OSError:
+            continue
     return pids
 
 
