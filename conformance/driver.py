@@ -139,6 +139,20 @@ class CoreDriver:
             self.core.set_counters(rid, num_computed_tokens=computed)
         return {"computed": computed}
 
+    def _op_remote_kv_ready(self, op: dict[str, Any]) -> Observation:
+        """An asynchronous load (``allocate delay_cache``) landed:
+        ``Scheduler._update_waiting_for_remote_kv`` caches the request's blocks up to its
+        computed tokens and, when the load covered the whole request, leaves the last token
+        to compute (no prefix-replay window: no sliding-window group)."""
+        rid = op["rid"]
+        view = self.core.get(rid)
+        computed = view.num_computed_tokens
+        self.core.cache_blocks(rid, computed)
+        if computed == view.num_tokens:
+            computed = view.num_tokens - 1
+            self.core.set_counters(rid, num_computed_tokens=computed)
+        return {"computed": computed}
+
     def _op_set_in_flight(self, op: dict[str, Any]) -> Observation:
         self.core.set_counters(op["rid"], num_in_flight_tokens=op["n"])
         return {}

@@ -108,11 +108,18 @@ class _CoreScript:
         self.biggest = max(b for _, b, _ in geometry[0])
         self.waiting: list[str] = []
         self.running: list[str] = []
+        self.loading: list[str] = []  # asynchronous loads not landed yet
 
     def step(self) -> None:
-        """Running requests first, as ``Scheduler.schedule`` does, then up to three other
-        actions (arrivals, admissions, finishes, preemptions, evictions), then the drains."""
+        """Landed asynchronous loads, then running requests, as ``Scheduler.schedule`` does,
+        then up to three other actions (arrivals, admissions, finishes, preemptions,
+        evictions), then the drains."""
         self.steps.begin()
+        for rid in list(self.loading):
+            if self.draw(st.booleans()):
+                self.run.apply(op("remote_kv_ready", rid=rid))
+                self.loading.remove(rid)
+                self.running.append(rid)
         for rid in list(self.running):
             self.continue_running(rid)
         for _ in range(self.draw(st.integers(0, 3))):
@@ -177,6 +184,15 @@ class _CoreScript:
         view = self.run.request(rid)
         room = max(0, view.num_tokens - view.num_computed_tokens - hit - 1)
         ext = self.draw(st.sampled_from([0, 0, 0, room // 2, room])) if room else 0
+        if ext and self.draw(st.integers(0, 2)) == 0:
+            # An asynchronous load: blocks for the hit and the external tokens, nothing
+            # scheduled, nothing cached until it lands (remote_kv_ready).
+            obs = self.run.apply(op("allocate", rid=rid, n=0, use_hit=True, external=ext,
+                                    delay_cache=True))
+            if obs and obs.get("ok"):
+                self.waiting.remove(rid)
+                self.loading.append(rid)
+            return
         if self.steps.schedule(rid, use_hit=True, external=ext):
             self.steps.commit(rid)
             self.waiting.remove(rid)

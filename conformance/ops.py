@@ -46,6 +46,7 @@ CORE_OPS: dict[str, dict[str, Field]] = {
     },
     "commit": {"rid": Field(RID), "n": Field(NAT_OR_NULL, None)},
     "rollback": {"rid": Field(RID), "n": Field(NAT)},
+    "remote_kv_ready": {"rid": Field(RID)},
     "set_in_flight": {"rid": Field(RID), "n": Field(NAT)},
     "append_output": {"rid": Field(RID), "tokens": Field(TOKENS)},
     "drain_copies": {},

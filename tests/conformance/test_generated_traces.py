@@ -53,6 +53,7 @@ def test_generated_traces_cover_every_core_op(capsys: pytest.CaptureFixture[str]
         coverage.update("plan_chunk.drafts" for o in run.ops if o.get("drafts"))
         coverage.update("rollback.rejected" for o in run.ops
                         if o["op"] == "rollback" and o["n"])
+        coverage.update("allocate.delay_cache" for o in run.ops if o.get("delay_cache"))
 
     draw()
     with capsys.disabled():
@@ -60,4 +61,5 @@ def test_generated_traces_cover_every_core_op(capsys: pytest.CaptureFixture[str]
               + ", ".join(f"{k}={v}" for k, v in sorted(coverage.items())))
     # set_in_flight, truncate, reset and table are written by cases, not the generator
     wanted = set(CORE_OPS) - {"set_in_flight", "truncate", "reset", "table"}
-    assert wanted | {"plan_chunk.drafts", "rollback.rejected"} <= set(coverage)
+    assert wanted | {"plan_chunk.drafts", "rollback.rejected", "allocate.delay_cache"} \
+        <= set(coverage)
