@@ -48,6 +48,9 @@ CASES = {
                       "unknown field"),
     "missing_field": (lambda d: d["ops"].append({"op": "truncate", "rid": "a"}), "ops[2].n",
                       "required"),
+    "unitary_finer_hash": (lambda d: d["config"].update(
+        groups=[{"kind": "full_attention", "block_size": 8}]), "config.hash_block_size",
+        "one group"),
 }
 
 
