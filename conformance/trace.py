@@ -151,6 +151,11 @@ def _parse_config(doc: Any, source: str) -> TraceConfig:
             raise _err(source, "config.split_block_size",
                        f"must be a group block size (the split's Mamba alignment unit), got {v!r}")
         kw["split_block_size"] = v
+    if len(groups) == 1 and kw.get("enable_caching", True) and h != groups[0].block_size:
+        # UnitaryKVCacheCoordinator.__init__ asserts it (one group: no finer hashing)
+        raise _err(source, "config.hash_block_size",
+                   f"one group with prefix caching needs h = its block size "
+                   f"({groups[0].block_size}), got {h}")
     connector = doc.get("connector")
     if connector is not None:
         connector = _validate_connector(connector, source)

@@ -115,6 +115,11 @@ class KVCacheManager:
         coord.cache_blocks(request, min(total_computed + num_new_tokens, request.num_tokens))
         return new_blocks
 
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        """mirrors KVCacheManager.cache_blocks (a delayed cache, once an async load landed)."""
+        if self.enable_caching:
+            self.coordinator.cache_blocks(request, num_computed_tokens)
+
     # --- hand-offs ---------------------------------------------------------------------
 
     def take_kv_cache_block_copies(self) -> tuple[list[tuple[int, int]], list[Block]]:

@@ -76,6 +76,9 @@ class ReferenceCoreBackend:
         self.pending[rid] = (blocks, hit)
         return hit, _ids(blocks)
 
+    def cache_blocks(self, rid: str, num_tokens: int) -> None:
+        self.manager.cache_blocks(self.requests[rid], num_tokens)
+
     def plan_chunk(self, rid: str, num_new_tokens: int, hit_tokens: int, external: int) -> int:
         return plan_chunk(self.geo, self.requests[rid], num_new_tokens, hit_tokens, external)
 

@@ -178,6 +178,9 @@ class VllmCoreBackend:
         return self.v.Scheduler._mamba_block_aligned_split(
             self._split_self, self.requests[rid], num_new_tokens, hit_tokens, external)
 
+    def cache_blocks(self, rid: str, num_tokens: int) -> None:
+        self.manager.cache_blocks(self.requests[rid], num_tokens)
+
     def allocate(self, rid: str, num_new_tokens: int, *, use_hit: bool, external: int,
                  delay_cache: bool, lookahead: int) -> list[list[int]] | None:
         req = self.requests[rid]
