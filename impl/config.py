@@ -310,7 +310,7 @@ def geometry_from_vllm(vllm_config: Any, kv_cache_config: Any) -> StoreGeometry:
             problems.append(
                 f"KV cache group {gid}: Mamba group in mamba_cache_mode="
                 f"{spec.mamba_cache_mode!r}; the connector needs 'align' "
-                "(--mamba-cache-mode align) to store exact boundary states"
+                "(--enable-prefix-caching sets it in vLLM 0.33) to store exact boundary states"
             )
     pcp = vllm_config.parallel_config.prefill_context_parallel_size
     if pcp > 1:
