@@ -1,9 +1,14 @@
 """Store save/load throughput for one 1024-token Mamba-aligned chunk of a ~7B hybrid model.
 
 Prints a markdown table: bytes/s of each store operation and its ratio to a plain torch copy of
-the same bytes measured in the same run (the goal: the memory store at >= 0.5x the copy).
+the same bytes measured in the same run, then the memory store's put and get against the torch
+copy in interleaved rounds (copy, put, get, copy, put, get, ...): min and median of each and the
+min / median of the paired per-round ratios (copy time / store time; goal >= 0.8), against
+torch's default thread count and against one torch thread. ``--busy`` runs the paired part with
+one busy core beside it (a spinning Python process, stopped by PID). The machine load
+(``os.getloadavg``) is printed before and after.
 
-    .venv/bin/python benchmarks/store_throughput.py [--rounds 20] [--no-mooncake]
+    .venv/bin/python benchmarks/store_throughput.py [--rounds 20] [--no-mooncake] [--busy]
 
 Geometry (a representative ~7B hybrid, Nemotron-H / Falcon-H1 class; bf16 everywhere):
 
@@ -140,6 +145,53 @@ def mooncake_rows(chunk: Chunk, rounds: int) -> list[tuple[str, float]]:
     return rows
 
 
+def paired(rounds: int) -> str:
+    """Interleaved rounds: torch copy (default threads), torch copy (1 thread), memory put
+    (store emptied untimed before), memory get; paired ratios per round."""
+    chunk = make_chunk("paired")
+    dst = torch.empty_like(chunk.staging)
+    out = torch.empty_like(chunk.staging)
+    out_views = [out[v.storage_offset():v.storage_offset() + v.numel()] for v in chunk.views]
+    threads = torch.get_num_threads()
+    times: dict[str, list[float]] = {"copy": [], "copy1": [], "put": [], "get": []}
+
+    def timed(fn: Callable[[], object]) -> float:
+        t = time.perf_counter()
+        fn()
+        return time.perf_counter() - t
+
+    with MemoryStore(1 << 30) as mem:
+        check_all_ok(mem.put_batch(chunk.keys, chunk.views))  # warm: pages faulted, arrays pooled
+        for r in range(rounds + 1):
+            c = timed(lambda: dst.copy_(chunk.staging))
+            torch.set_num_threads(1)
+            c1 = timed(lambda: dst.copy_(chunk.staging))
+            torch.set_num_threads(threads)
+            mem.remove_all()
+            p = timed(lambda: check_all_ok(mem.put_batch(chunk.keys, chunk.views)))
+            g = timed(lambda: check_all_ok(mem.get_batch(chunk.keys, out_views)))
+            if r:
+                for k, v in zip(("copy", "copy1", "put", "get"), (c, c1, p, g), strict=True):
+                    times[k].append(v)
+        if not torch.equal(out, chunk.staging):
+            raise RuntimeError("memory get returned other bytes")
+    ms = {k: (min(v) * 1e3, statistics.median(v) * 1e3) for k, v in times.items()}
+    lines = [f"Interleaved, {rounds} rounds; ms min / median; paired ratio = copy / store "
+             "(min / median)", "",
+             "| peer | copy ms | put ms | get ms | put ratio | get ratio |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for peer, label in (("copy", f"torch copy, {threads} threads"),
+                        ("copy1", "torch copy, 1 thread")):
+        rp = [a / b for a, b in zip(times[peer], times["put"], strict=True)]
+        rg = [a / b for a, b in zip(times[peer], times["get"], strict=True)]
+        lines.append(f"| {label} | {ms[peer][0]:.1f} / {ms[peer][1]:.1f} | "
+                     f"{ms['put'][0]:.1f} / {ms['put'][1]:.1f} | "
+                     f"{ms['get'][0]:.1f} / {ms['get'][1]:.1f} | "
+                     f"{min(rp):.2f} / {statistics.median(rp):.2f} | "
+                     f"{min(rg):.2f} / {statistics.median(rg):.2f} |")
+    return "\n".join(lines)
+
+
 def table(rows: list[tuple[str, float]], nbytes: int) -> str:
     base = rows[0][1]
     lines = [f"One chunk = {len(chunk_sizes())} values, {nbytes:,} B ({nbytes / MIB:.1f} MiB); "
@@ -155,10 +207,27 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--no-mooncake", action="store_true")
+    ap.add_argument("--busy", action="store_true", help="paired part with one busy core")
+    ap.add_argument("--paired-only", action="store_true")
     args = ap.parse_args(argv)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"{os.cpu_count()} CPUs")
-    print(table(run(args.rounds, not args.no_mooncake), sum(chunk_sizes())))
+          f"{os.cpu_count()} CPUs; load {os.getloadavg()}")
+    if not args.paired_only:
+        print(table(run(args.rounds, not args.no_mooncake), sum(chunk_sizes())))
+        print()
+    busy = None
+    if args.busy:
+        import subprocess
+
+        busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        time.sleep(0.5)
+    try:
+        print(("With one busy core beside it. " if busy else "") + paired(args.rounds))
+    finally:
+        if busy is not None:
+            busy.kill()
+            busy.wait()
+    print(f"load after: {os.getloadavg()}")
     return 0
 
 

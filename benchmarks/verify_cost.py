@@ -8,8 +8,9 @@ Geometry (the ~7B hybrid of ``store_throughput.py``, bf16): one attention group 
 1024-token blocks (2 x 8 KV heads x 128 x 1024 x 2 B = 4 MiB per layer per block) and one Mamba
 group of 24 layers (ssm 128 heads x 64 x 128 + conv state = 2,158,592 B per layer). One save =
 ``wait_for_save`` of a job putting the chunk's attention block and its Mamba state (2 values,
-65.4 MiB: gather from the KV tensors, seal, one ``put_batch``); one load = ``start_load`` of it
-into other blocks (one ``get_batch`` per group, verify, scatter). Rounds are interleaved
+65.4 MiB: each block copied into its value, seal, one ``write_batch``), timed until the sender
+thread finished it; one load = ``start_load`` of it into other blocks (one ``read_batch``,
+verify, copy), timed until the receiver finished it. Rounds are interleaved
 (checked, unchecked, checked, ...); the store is emptied (untimed) before every save.
 """
 
@@ -97,18 +98,20 @@ def one_round(w: WorkerSide, store: Store, job: int) -> tuple[float, float, floa
     w.wait_for_save(TailproofMeta(stores=[StoreJob(
         store_job_id=job, req_id="A", token_len_chunk=BS, block_ids=([1], [1]),
         block_hashes=HASHES, boundary_puts=[BoundaryPut(1, 1, BS)])]))
+    assert w.wait_idle(60.0)  # the save runs on the sender thread: time it to its end
     t1 = time.perf_counter()
     seal_s, TimedCodec.spent = TimedCodec.spent, 0.0
-    ok = w.start_load(TailproofMeta(loads=[LoadJob(
+    w.start_load(TailproofMeta(loads=[LoadJob(
         req_id="B", block_ids=([2], [2]), block_hashes=HASHES, vllm_cached_tokens=0,
         kvpool_cached_tokens=BS, tail_key_boundaries=(TailKeyBoundary(0, BS),
                                                       TailKeyBoundary(1, BS)))]))
+    assert w.wait_idle(60.0)
     t2 = time.perf_counter()
     verify_s = TimedCodec.spent
     w.take_transfer_results()
     w.build_connector_worker_meta()
     w.close_ended_store_requests({"A"}, set())
-    assert ok["B"], "load failed"
+    assert w.load_ok.pop("B"), "load failed"
     return t1 - t0, t2 - t1, seal_s, verify_s
 
 

@@ -20,6 +20,7 @@ class RequestView:
     num_prompt_tokens: int
     num_computed_tokens: int
     num_in_flight_tokens: int
+    shared_prefix_boundary: int = 0  # the junction the admission lookup set (0: none)
 
 
 class KVObserver(Protocol):
@@ -81,6 +82,10 @@ class CoreBackend(Protocol):
 
     def finalize_tail(self, rid: str) -> list[tuple[int, int, int]]:
         """``finalize_partial_tail_offloads``: [(group, block, boundary)]."""
+
+    def cache_blocks(self, rid: str, num_tokens: int) -> None:
+        """``KVCacheManager.cache_blocks``: the delayed cache of an asynchronous load that
+        landed (``Scheduler._update_waiting_for_remote_kv``)."""
 
     def remove_skipped(self, rid: str) -> None:
         """``KVCacheManager.remove_skipped_blocks`` on the processed-token basis (computed

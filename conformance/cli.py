@@ -221,15 +221,18 @@ def _conformance(args: argparse.Namespace, traces: list[Trace], adapters: list[s
 def _finish(args: argparse.Namespace, command: str, info: vllm_compat.VllmInfo,
             adapters: list[str], not_run: dict[str, str], strict: bool,
             results: list[CaseResult], seconds: float, proofs: dict[str, Any],
-            findings: list[dict[str, Any]], t_start: float) -> int:
+            findings: list[dict[str, Any]], t_start: float,
+            mutation: dict[str, Any] | None = None) -> int:
     from tailproof.conformance import report
 
     conformance = report.conformance_part(results, seconds)
     rc = DIVERGED if conformance["divergences"] or proofs["status"] == "failed" else OK
+    if mutation is not None and not mutation["passed"]:
+        rc = DIVERGED
     doc = report.document(command, vllm=info.as_json(), adapters=adapters, not_run=not_run,
                           strict_ids=strict, conformance=conformance, proofs=proofs,
                           findings=findings, exit_code=rc,
-                          total_seconds=time.perf_counter() - t_start)
+                          total_seconds=time.perf_counter() - t_start, mutation=mutation)
     if args.junit:
         report.write_junit(doc, Path(args.junit))
     if args.json:
@@ -274,8 +277,24 @@ def cmd_check(args: argparse.Namespace) -> int:
         with contextlib.redirect_stdout(out):
             prove.print_table(rep)
         print(f"proofs: {'FAILED' if failed else 'passed'} ({rep['seconds']:.1f}s)", file=out)
+    mutation = _check_mutation(out) if args.mutate else None
     return _finish(args, "check", info, adapters, not_run, False, results, seconds, proofs,
-                   findings, t_start)
+                   findings, t_start, mutation)
+
+
+def _check_mutation(out: TextIO) -> dict[str, Any]:
+    """``check --mutate``: the whole vLLM mutant catalog under the corpus and the generators'
+    default budget; the score becomes the report's ``mutation`` part."""
+    from tailproof.conformance.mutate.cli import add_arguments, run_from_args
+    from tailproof.conformance.mutate.run import format_report
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    opts = p.parse_args([])
+    rep = run_from_args(opts)
+    print(format_report(rep), file=out)
+    return {**rep.as_json(), "min_score": opts.min_score,
+            "passed": rep.score >= opts.min_score}
 
 
 def register_check(sub: Any) -> None:
@@ -287,6 +306,9 @@ def register_check(sub: Any) -> None:
     c.add_argument("--no-prove", action="store_true", help="skip the spec's proofs")
     c.add_argument("--quick", action="store_true",
                    help="prove with lower bounds (seconds instead of a minute or two)")
+    c.add_argument("--mutate", action="store_true",
+                   help="also score the suite against the vLLM mutant catalog (minutes; exit 1 "
+                        "below the kit's minimum score)")
     _report_args(c)
     _store_args(c)
 
@@ -544,6 +566,21 @@ def register_prove(sub: Any) -> None:
                     help="write each mutant counterexample as a conformance trace into DIR")
 
 
+def cmd_mutate(args: argparse.Namespace) -> int:
+    from tailproof.conformance.mutate.cli import cmd_mutate as run_mutate
+
+    return run_mutate(args)
+
+
+def register_mutate(sub: Any) -> None:
+    from tailproof.conformance.mutate.cli import add_arguments
+
+    mu = _sub(sub, "mutate", "score the suite against mutants of vLLM 0.33's own partial-tail "
+              "code (corpus plus the generators' fixed budget)", cmd_mutate)
+    mu.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    add_arguments(mu)
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     from tailproof.conformance import doctor
 
@@ -582,7 +619,7 @@ def register_stats(sub: Any) -> None:
 #: one entry per subcommand, in --help order (a new subcommand adds one register_* here)
 SUBCOMMANDS: list[Callable[[Any], None]] = [
     register_check, register_replay, register_validate, register_record, register_capture,
-    register_shrink, register_prove, register_doctor, register_stats,
+    register_shrink, register_prove, register_mutate, register_doctor, register_stats,
 ]
 
 

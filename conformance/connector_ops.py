@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 CONNECTOR_OP_SPECS: dict[str, dict[str, Field]] = {
     # build_connector_meta: the step's scheduled requests and hand-offs -> store jobs
     "conn_step": {"scheduled": Field(ANY, None), "finished": Field(ANY, []),
-                  "preempted": Field(ANY, [])},
+                  "preempted": Field(ANY, []), "offer": Field(ANY, [])},
     # Scheduler._connector_finished: finalize + register_finished_partial_tail (before free)
     "conn_finish": {"rid": Field(RID)},
     # KVCacheStoreSendingThread._handle_request for up to n queued jobs of one worker
@@ -92,6 +92,17 @@ def scheduled_arg(v: Any, default: dict[str, int]) -> dict[str, int]:
             for k, n in v.items()):
         raise ValueError("scheduled must be an object {rid: tokens}")
     return dict(v)
+
+
+def offer_arg(v: Any) -> list[tuple[str, int, int, int]]:
+    """``conn_step.offer``: extra hand-offs ``[[rid, group, boundary, block], ...]`` that the
+    core never produces (a null block, a non-Mamba group): what a connector must refuse."""
+    if not isinstance(v, list) or not all(
+            isinstance(e, list) and len(e) == 4 and isinstance(e[0], str)
+            and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in e[1:])
+            for e in v):
+        raise ValueError("offer must be a list of [rid, group, boundary, block]")
+    return [(e[0], e[1], e[2], e[3]) for e in v]
 
 
 def rid_set(v: Any, name: str) -> set[str]:
@@ -175,6 +186,8 @@ class ConnectorAdapter:
             self.preempted.discard(rid)
         self.preempted |= preempted
         offloads = driver.take_step_offloads()
+        for rid, g, b, blk in offer_arg(op["offer"]):
+            offloads.setdefault(rid, []).append((g, blk, b))
         rows = []
         for rid, n in scheduled.items():
             if rid in self.preempted:

@@ -128,6 +128,31 @@ class CoreDriver:
         self.core.set_counters(rid, num_computed_tokens=computed)
         return {"computed": computed}
 
+    def _op_rollback(self, op: dict[str, Any]) -> Observation:
+        """Rejected drafts: ``Scheduler.update_from_output`` takes the ``n`` rejected draft
+        tokens back off ``num_computed_tokens`` (which ``commit`` advanced by every scheduled
+        draft), when it is positive."""
+        rid = op["rid"]
+        computed = self.core.get(rid).num_computed_tokens
+        if computed > 0:
+            computed = max(0, computed - op["n"])
+            self.core.set_counters(rid, num_computed_tokens=computed)
+        return {"computed": computed}
+
+    def _op_remote_kv_ready(self, op: dict[str, Any]) -> Observation:
+        """An asynchronous load (``allocate delay_cache``) landed:
+        ``Scheduler._update_waiting_for_remote_kv`` caches the request's blocks up to its
+        computed tokens and, when the load covered the whole request, leaves the last token
+        to compute (no prefix-replay window: no sliding-window group)."""
+        rid = op["rid"]
+        view = self.core.get(rid)
+        computed = view.num_computed_tokens
+        self.core.cache_blocks(rid, computed)
+        if computed == view.num_tokens:
+            computed = view.num_tokens - 1
+            self.core.set_counters(rid, num_computed_tokens=computed)
+        return {"computed": computed}
+
     def _op_set_in_flight(self, op: dict[str, Any]) -> Observation:
         self.core.set_counters(op["rid"], num_in_flight_tokens=op["n"])
         return {}
@@ -136,16 +161,19 @@ class CoreDriver:
     def _op_lookup(self, op: dict[str, Any]) -> Observation:
         hit, blocks = self.core.lookup(op["rid"], op["max_len"])
         self.hits[op["rid"]] = hit
-        return {"hit": hit, "blocks": blocks}
+        junction = self.core.get(op["rid"]).shared_prefix_boundary
+        return {"hit": hit, "blocks": blocks, "junction": junction}
 
     def _op_plan_chunk(self, op: dict[str, Any]) -> Observation:
-        """Mirrors how ``Scheduler.schedule`` sizes a prefill chunk before the Mamba split:
-        remaining tokens, capped by the long-prefill threshold and the token budget."""
+        """Mirrors how ``Scheduler.schedule`` sizes a chunk before the Mamba split: remaining
+        tokens plus the request's ``drafts`` (``num_tokens_with_spec``: speculative tokens a
+        running request scheduled for verification), capped by the long-prefill threshold
+        and the token budget."""
         rid = op["rid"]
         view = self.core.get(rid)
         hit = self.hits.get(rid, 0) if op["use_hit"] else 0
         start = view.num_computed_tokens + hit + op["external"]
-        num_new = max(0, view.num_tokens - start)
+        num_new = max(0, view.num_tokens - start) + op["drafts"]
         threshold = self.config.long_prefill_token_threshold
         if 0 < threshold < num_new:
             num_new = threshold

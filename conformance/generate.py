@@ -42,8 +42,24 @@ GEOMETRIES: list[Geometry] = [
     ([(FA, 4, False), (FA, 8, False)], 4, False),  # attention only, two block sizes
     ([(FA, 4, False)], 4, False),  # one group: the unitary coordinator
     ([(M, 8, False)], 8, False),  # Mamba only
+    # Shapes the mutation kit found unreached (docs/mutation.md):
+    ([(FA, 16, False), (M, 8, False)], 8, False),  # h = Mamba block < lcm: lcm-aligned hits
+    ([(FA, 8, False), (M, 8, False)], 4, True),  # EAGLE, no group flagged: every group EAGLE
+    ([(FA, 4, False), (FA, 8, False), (M, 8, False)], 4, False),  # 3 spec groups: fixed point
+    ([(FA, 4, True), (FA, 8, False), (M, 8, False)], 4, True),  # EAGLE on one of two FA groups
+    ([(FA, 16, True), (M, 16, False)], 16, True),  # EAGLE with partial hits off
+    ([(FA, 8, False), (M, 8, False), (M, 16, False)], 4, False),  # Mamba groups of two sizes
+    ([(FA, 4, False), (M, 8, False), (M, 16, False)], 4, True),  # ... with every group EAGLE
 ]
 ACTIONS = ["add", "add", "admit", "admit", "admit", "finish", "preempt", "evict", "snapshot"]
+
+
+def with_junction_checkpoint(geometry: Geometry) -> Geometry:
+    """The geometry with EAGLE flagged on its Mamba groups, so that
+    ``enable_mamba_shared_prefix_checkpoint`` takes effect where partial hits are on
+    (``KVCacheManager`` narrows the flag to configurations with an EAGLE group)."""
+    groups, h, eagle = geometry
+    return [(k, b, e or k == M) for k, b, e in groups], h, eagle
 
 
 def geometry_config(geometry: Geometry, num_blocks: int, **settings: Any) -> dict[str, Any]:
@@ -100,11 +116,18 @@ class _CoreScript:
         self.biggest = max(b for _, b, _ in geometry[0])
         self.waiting: list[str] = []
         self.running: list[str] = []
+        self.loading: list[str] = []  # asynchronous loads not landed yet
 
     def step(self) -> None:
-        """Running requests first, as ``Scheduler.schedule`` does, then up to three other
-        actions (arrivals, admissions, finishes, preemptions, evictions), then the drains."""
+        """Landed asynchronous loads, then running requests, as ``Scheduler.schedule`` does,
+        then up to three other actions (arrivals, admissions, finishes, preemptions,
+        evictions), then the drains."""
         self.steps.begin()
+        for rid in list(self.loading):
+            if self.draw(st.booleans()):
+                self.run.apply(op("remote_kv_ready", rid=rid))
+                self.loading.remove(rid)
+                self.running.append(rid)
         for rid in list(self.running):
             self.continue_running(rid)
         for _ in range(self.draw(st.integers(0, 3))):
@@ -122,8 +145,33 @@ class _CoreScript:
             if not draw(st.booleans()):
                 return
             self.run.apply(op("append_output", rid=rid, tokens=[draw(st.integers(0, 5))]))
+            drafts = draw(st.sampled_from([0, 0, 1, 2, 3]))
+            if drafts:
+                self.decode_with_drafts(rid, drafts)
+                return
         if self.steps.run(rid):
             self.steps.commit(rid)
+
+    def decode_with_drafts(self, rid: str, drafts: int) -> None:
+        """A decode step that verifies ``drafts`` speculative tokens: scheduled with the real
+        one (``plan_chunk drafts``), counted as computed (``commit``), the rejected ones taken
+        back (``rollback``) and the accepted ones plus the bonus token appended, as
+        ``Scheduler.update_from_output`` does."""
+        draw = self.draw
+        view = self.run.request(rid)
+        real = view.num_tokens - view.num_computed_tokens
+        plan = self.run.apply(op("plan_chunk", rid=rid, drafts=drafts))
+        if not plan or not plan.get("chunk"):
+            return
+        if not (self.run.apply(op("allocate", rid=rid, n="plan")) or {}).get("ok"):
+            return
+        self.steps.commit(rid)
+        scheduled = max(0, plan["chunk"] - real)
+        rejected = draw(st.integers(0, scheduled))
+        self.run.apply(op("rollback", rid=rid, n=rejected))
+        if plan["chunk"] >= real:
+            self.run.apply(op("append_output", rid=rid, tokens=[
+                draw(st.integers(0, 5)) for _ in range(scheduled - rejected + 1)]))
 
     def add(self) -> None:
         if len(self.run.prompts) < 8:
@@ -144,6 +192,15 @@ class _CoreScript:
         view = self.run.request(rid)
         room = max(0, view.num_tokens - view.num_computed_tokens - hit - 1)
         ext = self.draw(st.sampled_from([0, 0, 0, room // 2, room])) if room else 0
+        if ext and self.draw(st.integers(0, 2)) == 0:
+            # An asynchronous load: blocks for the hit and the external tokens, nothing
+            # scheduled, nothing cached until it lands (remote_kv_ready).
+            obs = self.run.apply(op("allocate", rid=rid, n=0, use_hit=True, external=ext,
+                                    delay_cache=True))
+            if obs and obs.get("ok"):
+                self.waiting.remove(rid)
+                self.loading.append(rid)
+            return
         if self.steps.schedule(rid, use_hit=True, external=ext):
             self.steps.commit(rid)
             self.waiting.remove(rid)
@@ -176,10 +233,18 @@ class _CoreScript:
 
 @st.composite
 def lockstep_trace(draw: st.DrawFn, adapters: list[str], max_steps: int = 16,
-                   strict: bool = True) -> Lockstep:
-    """Draw and run one trace on ``adapters`` (raises LockstepDivergence on disagreement)."""
+                   strict: bool = True, junction_checkpoint: bool | None = False) -> Lockstep:
+    """Draw and run one trace on ``adapters`` (raises LockstepDivergence on disagreement).
+    ``junction_checkpoint`` turns vLLM's shared-prefix junction checkpoint on (True: the
+    engine flag with EAGLE flagged on the Mamba groups), off (False), or draws it (None)."""
     geometry = draw(st.sampled_from(GEOMETRIES))
-    config = geometry_config(geometry, draw(st.sampled_from([8, 12, 16, 24, 40])))
+    if junction_checkpoint is None:
+        junction_checkpoint = draw(st.booleans())
+    settings: dict[str, Any] = {}
+    if junction_checkpoint:
+        geometry = with_junction_checkpoint(geometry)
+        settings["enable_mamba_shared_prefix_checkpoint"] = True
+    config = geometry_config(geometry, draw(st.sampled_from([8, 12, 16, 24, 40])), **settings)
     sizes = [b for _, b, _ in geometry[0]]
     if min(sizes) < max(sizes) and draw(st.booleans()):
         config["split_block_size"] = min(sizes)  # the engine's cache_config.block_size

@@ -38,13 +38,15 @@ CORE_OPS: dict[str, dict[str, Field]] = {
     "lookup": {"rid": Field(RID), "max_len": Field(NAT_OR_NULL, None)},
     "plan_chunk": {
         "rid": Field(RID), "use_hit": Field(BOOL, False), "external": Field(NAT, 0),
-        "budget": Field(NAT_OR_NULL, None),
+        "budget": Field(NAT_OR_NULL, None), "drafts": Field(NAT, 0),
     },
     "allocate": {
         "rid": Field(RID), "n": Field(NAT_OR_PLAN), "use_hit": Field(BOOL, False),
         "external": Field(NAT, 0), "delay_cache": Field(BOOL, False), "lookahead": Field(NAT, 0),
     },
     "commit": {"rid": Field(RID), "n": Field(NAT_OR_NULL, None)},
+    "rollback": {"rid": Field(RID), "n": Field(NAT)},
+    "remote_kv_ready": {"rid": Field(RID)},
     "set_in_flight": {"rid": Field(RID), "n": Field(NAT)},
     "append_output": {"rid": Field(RID), "tokens": Field(TOKENS)},
     "drain_copies": {},

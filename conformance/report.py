@@ -55,12 +55,21 @@ def proofs_part(report: dict[str, Any] | None, reason: str | None,
 def document(command: str, *, vllm: dict[str, Any], adapters: list[str],
              not_run: dict[str, str], strict_ids: bool, conformance: dict[str, Any],
              proofs: dict[str, Any], findings: list[dict[str, Any]], exit_code: int,
-             total_seconds: float) -> dict[str, Any]:
+             total_seconds: float, mutation: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The report; ``mutation`` (``check --mutate``) adds the mutant score and its time."""
     result = "agreed"
     if conformance["divergences"]:
         result = "diverged"
     elif proofs["status"] == "failed":
         result = "proof_failed"
+    elif mutation is not None and not mutation["passed"]:
+        result = "mutation_below_min"
+    timings = {"conformance_s": conformance["seconds"], "proofs_s": proofs["seconds"],
+               "total_s": round(total_seconds, 3)}
+    extra: dict[str, Any] = {}
+    if mutation is not None:
+        timings["mutation_s"] = mutation["seconds"]
+        extra["mutation"] = mutation
     return {
         "format": FORMAT,
         "tool": {"name": "tailproof", "version": __version__},
@@ -73,8 +82,8 @@ def document(command: str, *, vllm: dict[str, Any], adapters: list[str],
         **conformance,
         "proofs": proofs,
         "findings": findings,
-        "timings": {"conformance_s": conformance["seconds"], "proofs_s": proofs["seconds"],
-                    "total_s": round(total_seconds, 3)},
+        "timings": timings,
+        **extra,
         "result": result,
         "exit_code": exit_code,
     }

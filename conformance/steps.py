@@ -111,14 +111,17 @@ class Steps:
         self.emit(op("commit", rid=rid))
 
     def end(self, commits: Iterable[str] = (), release: bool | None = None,
-            finished: Iterable[str] = (), preempted: Iterable[str] = ()) -> Observation | None:
+            finished: Iterable[str] = (), preempted: Iterable[str] = (),
+            offer: list[list[Any]] | None = None) -> Observation | None:
         """The end of a step: drains, the connector step (with the requests finished or
-        preempted since the last one), then the commits. Returns the ``conn_step``
-        observation (None without a connector)."""
+        preempted since the last one, and ``offer``: hand-offs the core never produced),
+        then the commits. Returns the ``conn_step`` observation (None without a connector)."""
         self.drain(release)
         obs = None
         if self.connector:
-            obs = self.emit(op("conn_step", finished=list(finished), preempted=list(preempted)))
+            extra = {"offer": offer} if offer else {}
+            obs = self.emit(op("conn_step", finished=list(finished), preempted=list(preempted),
+                               **extra))
         for rid in commits:
             self.commit(rid)
         return obs

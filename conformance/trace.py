@@ -48,6 +48,7 @@ class TraceConfig:
     long_prefill_token_threshold: int = 0
     split_block_size: int | None = None
     connector: dict[str, Any] | None = None
+    enable_mamba_shared_prefix_checkpoint: bool = False
 
     @property
     def block_sizes(self) -> list[int]:
@@ -75,6 +76,7 @@ class Trace:
 _CONFIG_KEYS = {
     "groups", "hash_block_size", "num_blocks", "enable_caching", "use_eagle", "max_model_len",
     "max_num_scheduled_tokens", "long_prefill_token_threshold", "split_block_size", "connector",
+    "enable_mamba_shared_prefix_checkpoint",
 }
 
 
@@ -132,7 +134,7 @@ def _parse_config(doc: Any, source: str) -> TraceConfig:
     if not _is_int(nb) or nb < 2:
         raise _err(source, "config.num_blocks", f"must be an int >= 2, got {nb!r}")
     kw: dict[str, Any] = {}
-    for key in ("enable_caching", "use_eagle"):
+    for key in ("enable_caching", "use_eagle", "enable_mamba_shared_prefix_checkpoint"):
         if key in doc:
             if not isinstance(doc[key], bool):
                 raise _err(source, f"config.{key}", "must be a bool")
@@ -149,6 +151,11 @@ def _parse_config(doc: Any, source: str) -> TraceConfig:
             raise _err(source, "config.split_block_size",
                        f"must be a group block size (the split's Mamba alignment unit), got {v!r}")
         kw["split_block_size"] = v
+    if len(groups) == 1 and kw.get("enable_caching", True) and h != groups[0].block_size:
+        # UnitaryKVCacheCoordinator.__init__ asserts it (one group: no finer hashing)
+        raise _err(source, "config.hash_block_size",
+                   f"one group with prefix caching needs h = its block size "
+                   f"({groups[0].block_size}), got {h}")
     connector = doc.get("connector")
     if connector is not None:
         connector = _validate_connector(connector, source)

@@ -51,32 +51,41 @@ def _count(where: str, v: Any, limit: int = L.MAX_TOKEN_COUNT) -> None:
 class _Order:
     """The step order of docs/connector-ops.md: inside a step, ``conn_step`` comes before the
     commits of the requests it scheduled, and no worker runs a job before those commits (the
-    job would save KV the step has not computed yet: bad input, not a data-integrity bug)."""
+    job would save KV the step has not computed yet: bad input, not a data-integrity bug).
+
+    A request whose allocation failed is allocated but never scheduled or committed, and the
+    loader cannot know which allocations fail; so the error is a commit of a scheduled
+    request that follows a worker_run of the same step (reported at that worker_run)."""
 
     def __init__(self) -> None:
         self.allocated: set[str] = set()  # allocate ops since the last new_step
         self.awaiting: set[str] = set()  # scheduled by this step's conn_step, not committed
+        self.worker_run: int | None = None  # a worker_run after this step's conn_step
 
     def see(self, i: int, op: dict[str, Any]) -> None:
         name = op["op"]
         if name == "new_step":
             self.allocated.clear()
             self.awaiting.clear()
+            self.worker_run = None
         elif name == "allocate":
             self.allocated.add(op["rid"])
         elif name == "conn_step":
             sched = op["scheduled"]
             rids = set(self.allocated) if sched is None else {r for r, n in sched.items() if n}
             self.awaiting = rids
+            self.worker_run = None
         elif name == "commit":
+            if op["rid"] in self.awaiting and self.worker_run is not None:
+                raise CheckError(f"ops[{self.worker_run}].op", "worker_run before the commit of "
+                                 f"{op['rid']!r}, which this step's conn_step scheduled (order: "
+                                 "conn_step, commit, then worker_run)")
             self.awaiting.discard(op["rid"])
         elif name in ("free", "preempt", "conn_finish"):
             self.awaiting.discard(op["rid"])
             self.allocated.discard(op["rid"])
-        elif name == "worker_run" and self.awaiting:
-            raise CheckError(f"ops[{i}].op", "worker_run before the commit of "
-                             f"{sorted(self.awaiting)[0]!r}, which this step's conn_step "
-                             "scheduled (order: conn_step, commit, then worker_run)")
+        elif name == "worker_run" and self.awaiting and self.worker_run is None:
+            self.worker_run = i
 
 
 def _rids(where: str, v: Any, known: set[str]) -> None:

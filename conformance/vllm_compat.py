@@ -45,7 +45,8 @@ class Probe:
 
 CORE_PROBES: tuple[Probe, ...] = (
     Probe(f"{_KM}:KVCacheManager.__init__", ("kv_cache_config", "max_model_len",
-          "scheduler_block_size", "hash_block_size", "enable_caching", "use_eagle")),
+          "scheduler_block_size", "hash_block_size", "enable_caching", "use_eagle",
+          "enable_mamba_shared_prefix_checkpoint")),
     Probe(f"{_KM}:KVCacheManager.get_computed_blocks", ("request", "max_cache_hit_length")),
     Probe(f"{_KM}:KVCacheManager.allocate_slots", (
         "request", "num_new_tokens", "num_new_computed_tokens", "new_computed_blocks",

@@ -52,6 +52,9 @@ class Settings:
     enable_lookup: bool = True
     load_async: bool = True  # loads between steps; failures reported per request
     save_decode_cache: bool = False  # also save KV computed during decode (Mooncake's option)
+    send_threads: int = 1  # background store-job threads per worker (a request stays on one)
+    recv_threads: int = 1  # background load threads per worker
+    max_queued_jobs: int = 64  # queued + running store jobs (and, apart, loads) per worker
 
     @property
     def is_producer(self) -> bool:
@@ -77,7 +80,11 @@ _SETTING_TYPES: dict[str, type | tuple[type, ...]] = {
     "enable_lookup": bool,
     "load_async": bool,
     "save_decode_cache": bool,
+    "send_threads": int,
+    "recv_threads": int,
+    "max_queued_jobs": int,
 }
+MAX_THREADS = 8  # data-plane threads per kind: copies are memory-bound, more only contend
 #: Size settings of the connector itself (same syntax as the store's: 67108864, "64MB", ...).
 _SIZE_SETTINGS = ("staging_buffer_bytes",)
 
@@ -137,10 +144,14 @@ def parse_settings(extra: dict[str, Any] | None, kv_role: str | None) -> Setting
     store = extra.get("store", "memory")
     if isinstance(store, str) and store not in STORE_KINDS:
         problems.append(f"store {store!r} is not one of {', '.join(STORE_KINDS)}")
-    for key in ("put_batch_size",):
+    for key in ("put_batch_size", "max_queued_jobs", "send_threads", "recv_threads"):
         val = extra.get(key)
         if isinstance(val, int) and not isinstance(val, bool) and val <= 0:
             problems.append(f"{key} must be positive, got {val}")
+    for key in ("send_threads", "recv_threads"):
+        val = extra.get(key)
+        if isinstance(val, int) and not isinstance(val, bool) and val > MAX_THREADS:
+            problems.append(f"{key} must be at most {MAX_THREADS}, got {val}")
     ns = extra.get("namespace")
     if isinstance(ns, str) and (not ns or "@" in ns):
         problems.append(f"namespace must be non-empty and contain no '@', got {ns!r}")
@@ -301,7 +312,7 @@ def geometry_from_vllm(vllm_config: Any, kv_cache_config: Any) -> StoreGeometry:
             problems.append(
                 f"KV cache group {gid}: Mamba group in mamba_cache_mode="
                 f"{spec.mamba_cache_mode!r}; the connector needs 'align' "
-                "(--mamba-cache-mode align) to store exact boundary states"
+                "(--enable-prefix-caching sets it in vLLM 0.33) to store exact boundary states"
             )
     pcp = vllm_config.parallel_config.prefill_context_parallel_size
     if pcp > 1:

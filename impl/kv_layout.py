@@ -10,9 +10,14 @@ of that block's slice. vLLM hands the connector ``{layer_name: tensor or [tensor
 that differ per attention backend -- the block dimension is 0 (``(num_blocks, 2, ...)``, Mamba)
 or 1 (``(2, num_blocks, ...)``, FlashAttention) and an attention block may be split into several
 kernel blocks (``num_blocks * r`` rows). :class:`KVLayout` finds that dimension once, at
-registration, and then gathers/scatters blocks with ``index_select``/``index_copy_`` (one kernel
-per tensor, on the tensor's device and current stream, so ordered after the step's forward and
-CoW copies).
+registration, and then copies blocks in two ways:
+
+* one block at a time, straight between the KV tensors and a store value (:meth:`read_block`
+  / :meth:`write_block`: one pass over the bytes, a single-threaded ``numpy.copyto`` per tensor
+  on CPU, which releases the GIL; an asynchronous copy on the caller's CUDA stream on a GPU) --
+  the connector's data path;
+* many blocks at once with ``index_select``/``index_copy_`` (:meth:`gather` / :meth:`scatter`),
+  kept for tests and tools.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -35,6 +41,14 @@ class Segment:
     def block_nbytes(self) -> int:
         t = self.tensor
         return t.numel() // t.shape[self.dim] * self.ratio * t.element_size()
+
+    def by_block(self, num_blocks: int) -> torch.Tensor:
+        """A uint8 view indexed by logical block first: ``[b]`` is block b's bytes in value
+        order (``(ratio, ...)`` with the block dimension moved first), no copy."""
+        t = self.tensor.view(torch.uint8) if self.tensor.dtype != torch.uint8 else self.tensor
+        if self.dim:
+            t = t.movedim(self.dim, 0)
+        return t.view((num_blocks, self.ratio, *t.shape[1:]))
 
 
 def find_block_dim(t: torch.Tensor, num_blocks: int) -> tuple[int, int]:
@@ -86,6 +100,53 @@ class KVLayout:
         self.block_nbytes = [sum(s.block_nbytes for s in segs) for segs in self.groups]
         devs = {s.tensor.device for segs in self.groups for s in segs}
         self.device = next(iter(devs)) if devs else torch.device("cpu")
+        # Per group, per tensor: the block-major view (numpy on CPU: no torch op per copy).
+        self._blocks: list[list[torch.Tensor]] = [
+            [s.by_block(num_blocks) for s in segs] for segs in self.groups]
+        self._np_blocks: list[list[np.ndarray]] | None = None
+        if self.device.type == "cpu":
+            self._np_blocks = [[b.numpy() for b in bs] for bs in self._blocks]
+
+    def read_block(self, group: int, block_id: int, out: np.ndarray | torch.Tensor) -> None:
+        """Copy one block's bytes into ``out`` (``block_nbytes[group]`` uint8, the value).
+
+        CPU: ``out`` is a numpy array (or CPU tensor), one ``copyto`` per tensor. GPU: ``out`` is
+        a host tensor; the copies are queued on the current CUDA stream (``non_blocking``) and
+        complete when that stream does.
+        """
+        if self._np_blocks is not None:
+            dst = out if isinstance(out, np.ndarray) else out.numpy()
+            off = 0
+            for arr in self._np_blocks[group]:
+                src = arr[block_id]
+                np.copyto(dst[off : off + src.nbytes].reshape(src.shape), src)
+                off += src.nbytes
+            return
+        dst_t = torch.as_tensor(out)
+        off = 0
+        for t in self._blocks[group]:
+            src_t = t[block_id]
+            n = src_t.numel()
+            dst_t[off : off + n].view(src_t.shape).copy_(src_t, non_blocking=True)
+            off += n
+
+    def write_block(self, group: int, block_id: int, value: np.ndarray | torch.Tensor) -> None:
+        """Copy a value's bytes into one block (the inverse of :meth:`read_block`)."""
+        if self._np_blocks is not None:
+            src = value if isinstance(value, np.ndarray) else value.numpy()
+            off = 0
+            for arr in self._np_blocks[group]:
+                dst = arr[block_id]
+                np.copyto(dst, src[off : off + dst.nbytes].reshape(dst.shape))
+                off += dst.nbytes
+            return
+        src_t = torch.as_tensor(value)
+        off = 0
+        for t in self._blocks[group]:
+            dst_t = t[block_id]
+            n = dst_t.numel()
+            dst_t.copy_(src_t[off : off + n].view(dst_t.shape), non_blocking=True)
+            off += n
 
     @staticmethod
     def _rows(seg: Segment, block_ids: Sequence[int], device: torch.device) -> torch.Tensor:

@@ -25,9 +25,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
 )
 
 #: Gauges: the latest value wins when aggregating (they are states, not events).
-GAUGES = ("pressure_active", "pinned_blocks")
+GAUGES = ("pressure_active", "pinned_blocks", "queued_jobs")
 #: Latency samples (seconds), kept as lists so percentiles can be computed.
-SAMPLES = ("job_latency_s",)
+SAMPLES = ("job_latency_s", "load_latency_s")  # enqueue -> done, per job
 
 
 class Counters:
@@ -189,7 +189,8 @@ class TailproofPromMetrics(KVConnectorPromMetrics):
         )
         self._gauge = self._gauge_cls(
             name="vllm:tailproof_state",
-            documentation="Tailproof connector state: pressure_active (0/1), pinned_blocks.",
+            documentation=("Tailproof connector state: pressure_active (0/1), pinned_blocks, "
+                           "queued_jobs."),
             labelnames=labelnames + ["state"],
             multiprocess_mode="mostrecent",
         )

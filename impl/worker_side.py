@@ -1,46 +1,61 @@
-"""Worker role: execute one step's loads and store jobs against the KV cache tensors.
+"""Worker role: a step's loads and store jobs against the KV cache tensors, off the step.
 
 Semantics: ``tailproof.reference.connector.worker`` (store jobs; loads have no reference model,
 their bytes are checked by the ``impl`` adapter). Mirrors vLLM 0.33's ``MooncakeStoreWorker``
 (``KVCacheStoreSendingThread._handle_request``, ``KVCacheStoreRecvingThread._handle_request``,
-``_close_ended_store_requests``), executed synchronously inside the step.
+``_close_ended_store_requests``), and so does the threading (its ``start_load_kv`` /
+``wait_for_save`` only enqueue); the threads, queues and staging pool are ``data_plane``'s.
 Written independently of ``tailproof.reference.connector.worker`` on purpose (not shared):
 the corpus compares the two op by op, and both with vLLM's own code on ``vllm-mooncake``;
 a shared body would compare a function with itself. Pure arithmetic is shared instead
 (``spec.arithmetic``). Per step:
 
-* loads (``start_load_kv``): get every needed key into a staging buffer; only when *all* keys
-  of a request arrived intact (``Outcome.ok``) are they scattered into the request's blocks.
-  An asynchronous load (the default) is then reported finished, a failed one also in
-  ``failed_recving``; a synchronous load's failure is reported through
-  ``get_block_ids_with_load_errors`` (single-group models only: vLLM cannot map block ids back
-  to requests with several KV cache groups). Either way vLLM recomputes -- fail closed, a
-  failed load is never served;
-* store jobs (``wait_for_save``, after the step's forward): first synchronise on the step's
-  device work (the CoW copies of this step fill the tail blocks the job reads), then boundary
-  puts, then the normal save from this rank's saved offset; keys already stored are skipped;
-  every job is reported done exactly once (``TailproofWorkerMeta``) whatever happened, so the
-  scheduler can drop its pins;
+* loads (``start_load_kv``): an asynchronous load (the default) is queued for a receiver
+  thread and the request waits (``WAITING_FOR_REMOTE_KVS``) until ``get_finished`` reports it.
+  The receiver reads every key of the request in one all-or-nothing ``read_batch``; only when
+  *all* arrived intact (``Outcome.ok``) are they copied into the request's blocks, then it is
+  reported finished, a failed one also in ``failed_recving``. A synchronous load (single-group
+  models only) feeds this very step's forward, so it runs in ``start_load_kv``; its failure is
+  reported through ``get_block_ids_with_load_errors``. Either way vLLM recomputes -- fail
+  closed, a failed load is never served;
+* store jobs (``wait_for_save``, after the step's forward): queued for a sender thread, which
+  runs the boundary puts, then the normal save from this rank's saved offset; keys already
+  stored are skipped; every job is reported done exactly once (``TailproofWorkerMeta``) however
+  it ended, and only then does the scheduler drop its pins -- which is what keeps the blocks a
+  sender reads from being reused meanwhile. On a GPU the step records a CUDA event after its
+  forward and CoW copies; the sender's device-to-host copy waits for it on its own stream;
+* bytes: a save copies each block once, from the KV tensors into the store value
+  (``Store.write_batch``: the memory store's own array, else pinned/registered staging that
+  the store then transfers from); a load copies once out of the store value into the blocks
+  (``Store.read_batch``). ``_put_values`` / ``_get_values`` are the one place where KV bytes
+  become store values and back;
+* a full queue never blocks the step: a store job that cannot be queued is skipped and
+  reported done (counted ``jobs_skipped_queue_full``; its range is saved by the request's next
+  job, as after a pressure skip), a load that cannot be queued fails closed;
 * pressure gate: a put answered STORE_FULL marks the store under pressure and the request
   skipped; later jobs of skipped requests put nothing until any fully successful put batch
   clears the gate (Mooncake's ``_store_pressure_active`` / ``_skip_store_requests``);
 * values (``value_format``): every put writes a header (fingerprint, key, length, checksum,
-  optional MAC) in front of the block's bytes in the staging buffer; every get verifies it
-  before anything is scattered. A value that fails is a failed load, counted by kind
-  (``verify_fail_<kind>``) and removed from the store, so the next save rewrites it.
+  optional MAC) in front of the block's bytes, in the same buffer the block was copied into;
+  every get verifies it before the first block is written. A value that fails is a failed
+  load, counted by kind (``verify_fail_<kind>``) and removed from the store, so the next save
+  rewrites it.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections import deque
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from tailproof.impl.config import Settings, StoreGeometry
+from tailproof.impl.data_plane import Lanes, StagingPool
 from tailproof.impl.fingerprint import Fingerprint, geometry_fingerprint
 from tailproof.impl.keys import INITIAL_EPOCH, KeySpace
 from tailproof.impl.kv_layout import KVLayout
@@ -70,12 +85,19 @@ class PressureGate:
 
 
 class WorkerSide:
-    """The connector's worker role (one per GPU worker / tensor-parallel rank)."""
+    """The connector's worker role (one per GPU worker / tensor-parallel rank).
+
+    ``manual=True`` (tests, the conformance adapter): the sender and receiver threads start a
+    job only when :meth:`run` / :meth:`run_loads` hand it to them, and those calls wait for it;
+    otherwise they run free. State the step and the threads share (ledger, offsets, gate,
+    reports) is guarded by one lock; store I/O and copies run outside it.
+    """
 
     def __init__(
         self, settings: Settings, geo: StoreGeometry, store: Store, rank: int, world: int,
         coord: Any = None, metrics: WorkerMetrics | None = None,
         fingerprint: Fingerprint | None = None, secret: bytes | None = None, tp_size: int = 1,
+        *, manual: bool = False,
     ):
         fp = fingerprint or geometry_fingerprint(geo)
         self.keys = KeySpace(settings.namespace, fp.digest, tp_size)
@@ -87,35 +109,68 @@ class WorkerSide:
         self.world = world
         self.coord = coord
         self.metrics = metrics or WorkerMetrics()
+        self.manual = manual
         self.layout: KVLayout | None = None
-        self.staging: torch.Tensor | None = None
+        self.pool: StagingPool | None = None
+        self.senders: Lanes[StoreJob] | None = None
+        self.receivers: Lanes[LoadJob] | None = None
+        self.copy_stream: Any = None  # CUDA: the stream background copies run on
+        self._lock = threading.Lock()
         self.gate = PressureGate()
         self.saved_offset: dict[str, int] = {}  # per-rank normal-save resume point
-        self.queue: deque[StoreJob] = deque()
         self.stored_requests: dict[str, set[int]] = {}  # live store jobs per request
         self.finished_store_req: set[str] = set()  # finished requests whose jobs are still queued
         self.completed_saves: dict[int, int] = {}
+        self.job_errors: dict[int, str] = {}  # job id -> exception class name (drained by run)
+        self._events: dict[int, Any] = {}  # job id -> CUDA event after its step's forward
+        self._enqueued_at: dict[int, float] = {}
         self.finished_recving: set[str] = set()
         self.failed_recving: set[str] = set()
         self.load_error_blocks: set[int] = set()
+        self.load_ok: dict[str, bool] = {}  # request -> whether its last load succeeded
 
     # ------------------------------------------------------------------ set-up
 
     def register_kv_caches(
         self, kv_caches: dict[str, Any], layer_groups: Sequence[Sequence[str]]
     ) -> None:
-        """Index the KV tensors per store group and allocate the staging buffer."""
+        """Index the KV tensors per store group, allocate the staging pool, start threads."""
         self.layout = KVLayout(kv_caches, layer_groups, self.geo.num_blocks)
         need = max([0, *map(slot_nbytes, self.layout.block_nbytes)])
         size = max(self.settings.staging_buffer_bytes, need)
-        pin = self.layout.device.type == "cuda"
-        self.staging = torch.empty(size, dtype=torch.uint8, pin_memory=pin)
-        self.store.register_buffer(self.staging)
+        cuda = self.layout.device.type == "cuda"
+        s = self.settings
+        self.pool = StagingPool(s.send_threads + s.recv_threads, size, pin=cuda,
+                                register=self.store.register_buffer,
+                                unregister=self.store.unregister_buffer)
+        if cuda:
+            self.copy_stream = torch.cuda.Stream(device=self.layout.device)
+        self.senders = Lanes(f"tailproof-send-r{self.rank}", self._run_store_job,
+                             self._abandon_store_job, threads=s.send_threads,
+                             max_queued=s.max_queued_jobs, manual=self.manual)
+        # Saves are throughput work (bounded queue, pins only delay block reuse): they yield
+        # the CPU to the step. A load has a request waiting on it: normal priority.
+        self.receivers = Lanes(f"tailproof-recv-r{self.rank}", self._run_load,
+                               self._abandon_load, threads=s.recv_threads,
+                               max_queued=s.max_queued_jobs, manual=self.manual, nice=0)
 
-    def close(self) -> None:
-        if self.staging is not None:
-            self.store.unregister_buffer(self.staging)
-            self.staging = None
+    def close(self, timeout: float = 30.0) -> None:
+        """Finish every queued job (or report it failed after ``timeout``), stop the threads,
+        release the staging pool. Every job ends reported, so its pins can be released."""
+        for lanes in (self.senders, self.receivers):
+            if lanes is not None:
+                lanes.close(timeout)
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until no load or store job is queued or running (free-running threads)."""
+        ok = True
+        for lanes in (self.senders, self.receivers):
+            if lanes is not None:
+                ok = lanes.wait_idle(timeout) and ok
+        return ok
 
     def key(self, group: int, block_hash: bytes, epoch: str = INITIAL_EPOCH) -> str:
         return self.keys.key(self.rank, group, block_hash, epoch)
@@ -125,34 +180,62 @@ class WorkerSide:
         assert self.layout is not None
         return slot_nbytes(self.layout.block_nbytes[group])
 
-    def _per_batch(self, group: int) -> int:
-        assert self.layout is not None and self.staging is not None
-        bb = self._slot(group)
-        return max(1, min(self.settings.put_batch_size, self.staging.numel() // bb))
+    @property
+    def queue(self) -> list[StoreJob]:
+        """Store jobs queued and not started yet, in the order they will run."""
+        return self.senders.queued() if self.senders is not None else []
 
     # ------------------------------------------------------------------ loads
 
-    def start_load(self, meta: TailproofMeta) -> dict[str, bool]:
-        """Run this step's loads; returns request id -> whether its load fully succeeded."""
-        results: dict[str, bool] = {}
+    def start_load(self, meta: TailproofMeta) -> None:
+        """Queue this step's asynchronous loads; run a synchronous one now (it feeds this
+        step's forward). A load that cannot be queued fails closed at once."""
+        assert self.receivers is not None
         for job in meta.loads:
-            t0 = time.perf_counter()
-            try:
-                ok = self._load(job)
-            except Exception:  # fail closed: an unexpected error is a failed load, not a crash
-                logger.exception("load of %s failed", job.req_id)
-                ok = False
-            self.metrics.c.sample("job_latency_s", time.perf_counter() - t0)
+            if not job.is_async:
+                self._run_load(job)
+                continue
+            self._enqueued_at[id(job)] = time.perf_counter()
+            if not self.receivers.submit(job.req_id, job):
+                self.metrics.c.inc("loads_rejected_queue_full")
+                self._finish_load(job, False)
+
+    def run_loads(self, n: int | None = None) -> list[LoadJob]:
+        """Manual mode: run up to ``n`` queued loads (all when None) and wait for them."""
+        assert self.receivers is not None
+        done: list[LoadJob] = []
+        while n is None or len(done) < n:
+            job = self.receivers.run_next()
+            if job is None:
+                break
+            done.append(job)
+        return done
+
+    def _run_load(self, job: LoadJob) -> None:
+        try:
+            ok = self._load(job)
+        except Exception:  # fail closed: an unexpected error is a failed load, not a crash
+            logger.exception("load of %s failed", job.req_id)
+            ok = False
+        self._finish_load(job, ok)
+
+    def _abandon_load(self, job: LoadJob) -> None:
+        self._finish_load(job, False)
+
+    def _finish_load(self, job: LoadJob, ok: bool) -> None:
+        t0 = self._enqueued_at.pop(id(job), None)
+        if t0 is not None:
+            self.metrics.c.sample("load_latency_s", time.perf_counter() - t0)
+        if not ok:
+            self.metrics.c.inc("load_failures")
+        with self._lock:
+            self.load_ok[job.req_id] = ok
             if job.is_async:
                 self.finished_recving.add(job.req_id)
                 if not ok:
                     self.failed_recving.add(job.req_id)
-            if not ok:
-                self.metrics.c.inc("load_failures")
-                if not job.is_async:
-                    self.load_error_blocks.update(self._target_blocks(job))
-            results[job.req_id] = ok
-        return results
+            elif not ok:
+                self.load_error_blocks.update(self._target_blocks(job))
 
     def _target_blocks(self, job: LoadJob) -> list[int]:
         """The request's blocks the load would fill (its private, freshly allocated blocks past
@@ -183,7 +266,6 @@ class WorkerSide:
         return plan
 
     def _load(self, job: LoadJob) -> bool:
-        assert self.layout is not None and self.staging is not None
         try:
             plan = self.load_plan(job)
         except (IndexError, KeyError) as exc:
@@ -191,95 +273,144 @@ class WorkerSide:
             return False
         if any(b == NULL_BLOCK_ID for _, b, _ in plan):
             return False
-        fetched: list[tuple[int, list[int], torch.Tensor]] = []
-        for g in range(self.geo.num_groups):
-            items = [(b, hh) for gg, b, hh in plan if gg == g]
-            bb = self._slot(g)
-            step = self._per_batch(g)
-            for i in range(0, len(items), step):
-                chunk = items[i : i + step]
-                region = self.staging[: len(chunk) * bb]
-                bufs = [region[j * bb : (j + 1) * bb] for j in range(len(chunk))]
-                keys = [self.key(g, hh, job.epoch) for _, hh in chunk]
-                outs = self.store.get_batch(keys, bufs)
-                self.metrics.record_batch("get", outs, sum(o.nbytes for o in outs if o.ok))
-                if not all(o.ok for o in outs) or not self._verified(keys, bufs):
-                    return False
-                # Keep a copy of the payloads: the staging buffer is reused by the next batch.
-                payload = region.view(len(chunk), bb)[:, HEADER_BYTES:].clone()
-                fetched.append((g, [b for b, _ in chunk], payload))
-        for g, ids, data in fetched:
-            self.layout.scatter(g, ids, data)
-        return True
+        if not plan:
+            return True
+        return self._get_values([(g, b) for g, b, _ in plan],
+                                [self.key(g, hh, job.epoch) for g, _, hh in plan])
 
-    def _verified(self, keys: list[str], slots: list[torch.Tensor]) -> bool:
-        """Verify every loaded value; count and remove the bad ones (the next save rewrites
-        them, so one bad value cannot fail its prefix forever)."""
-        bad = []
-        for key, slot in zip(keys, slots, strict=True):
-            kind = self.codec.verify(key, slot)
-            if kind is not None:
-                self.metrics.c.inc(f"verify_fail_{kind}")
-                bad.append(key)
+    def _get_values(self, blocks: list[tuple[int, int]], keys: list[str]) -> bool:
+        """Store values -> KV blocks, all or nothing: every value's header is verified
+        (``ValueCodec.verify``) before the first block is written, then each payload is
+        copied once into its block. Bytes passes on CPU: the checksum reads the value, the
+        copy reads it again (the memory store hands out its own arrays; other stores first
+        transfer into staging)."""
+        assert self.layout is not None and self.pool is not None
+        layout, codec = self.layout, self.codec
+        sizes = [self._slot(g) for g, _ in blocks]
+        cuda = self.copy_stream is not None
+        bad: list[tuple[str, str]] = []  # (key, failure kind)
+
+        def consume(values: list[np.ndarray]) -> None:
+            for key, v in zip(keys, values, strict=True):
+                kind = codec.verify(key, v)
+                if kind is not None:
+                    bad.append((key, kind))
+            if bad:
+                return  # fail closed: not one block is written
+            if not cuda:
+                for (g, b), v in zip(blocks, values, strict=True):
+                    layout.write_block(g, b, v[HEADER_BYTES:])
+                return
+            with warnings.catch_warnings():  # the memory store hands out read-only arrays
+                warnings.simplefilter("ignore", UserWarning)
+                with torch.cuda.stream(self.copy_stream):
+                    for (g, b), v in zip(blocks, values, strict=True):
+                        layout.write_block(g, b, torch.from_numpy(v[HEADER_BYTES:]))
+            self.copy_stream.synchronize()  # values are only valid inside consume
+
+        with self.pool.take(sum(sizes)) as buf:
+            outs = self.store.read_batch(keys, sizes, consume, staging=buf.numpy())
+        self.metrics.record_batch("get", outs, sum(o.nbytes for o in outs if o.ok))
         if bad:
-            logger.warning("rejected %d stored value(s) failing verification, e.g. %s",
-                           len(bad), bad[0])
-            self.metrics.c.inc("verify_removed", self.store.remove(bad))
-        return not bad
+            self._reject(bad)
+            return False
+        return bool(outs) and all(o.ok for o in outs)
+
+    def _reject(self, bad: list[tuple[str, str]]) -> None:
+        """Count and remove values that failed verification (the next save rewrites them, so
+        one bad value cannot fail its prefix forever)."""
+        for _, kind in bad:
+            self.metrics.c.inc(f"verify_fail_{kind}")
+        logger.warning("rejected %d stored value(s) failing verification, e.g. %s",
+                       len(bad), bad[0][0])
+        self.metrics.c.inc("verify_removed", self.store.remove([k for k, _ in bad]))
 
     # ------------------------------------------------------------------ saves
 
     def wait_for_save(self, meta: TailproofMeta) -> None:
-        """Run this step's store jobs (after its forward), then retire ended requests."""
-        if self.settings.can_put:
+        """Queue this step's store jobs for the sender(s), then retire ended requests. On a
+        GPU one CUDA event, recorded now on the step's stream, orders every job's copies
+        after this step's forward and CoW copies; nothing here waits."""
+        if self.settings.can_put and meta.stores:
+            event = None
+            if self.copy_stream is not None:
+                event = torch.cuda.Event()
+                event.record()
             for job in meta.stores:
-                self.add_request(job)
-        if self.queue:
-            self._sync_device()
-        self.run()
+                self.add_request(job, event)
         self.close_ended_store_requests(meta.finished_req_ids, meta.preempted_req_ids)
 
-    def add_request(self, job: StoreJob) -> None:
-        """Register a job as live for its request and queue it (``add_request``)."""
-        self.stored_requests.setdefault(job.req_id, set()).add(job.store_job_id)
-        self.queue.append(job)
+    def add_request(self, job: StoreJob, event: Any = None) -> None:
+        """Register a job as live for its request and queue it (``add_request``); when the
+        queue is full the job is skipped and reported done at once (never blocks)."""
+        assert self.senders is not None and job.store_job_id is not None
+        with self._lock:
+            self.stored_requests.setdefault(job.req_id, set()).add(job.store_job_id)
+            if event is not None:
+                self._events[job.store_job_id] = event
+            self._enqueued_at[job.store_job_id] = time.perf_counter()
+        if not self.senders.submit(job.req_id, job):
+            self.metrics.c.inc("jobs_skipped_queue_full")
+            self._report(job)
 
     def run(self, n: int | None = None) -> list[tuple[StoreJob, str | None]]:
-        """Run up to ``n`` queued jobs (all when None), FIFO; each is reported exactly once.
-        Returns (job, exception class name or None) per job run."""
+        """Manual mode: let the sender run up to ``n`` queued jobs (all when None), FIFO, each
+        waited for. Returns (job, exception class name or None) per job run."""
+        assert self.senders is not None
         done: list[tuple[StoreJob, str | None]] = []
-        while self.queue and (n is None or len(done) < n):
-            job = self.queue.popleft()
-            t0 = time.perf_counter()
-            err = None
-            try:
-                self._handle_request(job)
-            except Exception as exc:  # a store bug must not wedge the pins: report the job
-                logger.exception("store job %d of %s failed", job.store_job_id, job.req_id)
-                self.metrics.c.inc("job_errors")
-                err = type(exc).__name__
-            finally:
-                live = self.stored_requests.get(job.req_id)
-                if live is not None:
-                    live.discard(job.store_job_id)
-                jid = job.store_job_id
-                self.completed_saves[jid] = self.completed_saves.get(jid, 0) + 1
-                self.metrics.c.sample("job_latency_s", time.perf_counter() - t0)
+        while n is None or len(done) < n:
+            job = self.senders.run_next()
+            if job is None:
+                break
+            with self._lock:
+                err = self.job_errors.pop(job.store_job_id, None)  # type: ignore[arg-type]
             done.append((job, err))
-        self.metrics.c.set("pressure_active", int(self.gate.store_pressure_active))
         return done
+
+    def _run_store_job(self, job: StoreJob) -> None:
+        try:
+            self._handle_request(job)
+        except Exception as exc:  # a store bug must not wedge the pins: report the job
+            logger.exception("store job %d of %s failed", job.store_job_id, job.req_id)
+            self.metrics.c.inc("job_errors")
+            with self._lock:
+                self.job_errors[job.store_job_id] = type(exc).__name__  # type: ignore[index]
+        finally:
+            self._report(job)
+
+    def _abandon_store_job(self, job: StoreJob) -> None:
+        """Shutdown gave up on a queued job: it puts nothing, but it is reported."""
+        self.metrics.c.inc("jobs_abandoned")
+        self._report(job)
+
+    def _report(self, job: StoreJob) -> None:
+        """The job is over on this rank: retire it from the ledger, count it for the report."""
+        jid = job.store_job_id
+        assert jid is not None
+        with self._lock:
+            live = self.stored_requests.get(job.req_id)
+            if live is not None:
+                live.discard(jid)
+            self.completed_saves[jid] = self.completed_saves.get(jid, 0) + 1
+            self._events.pop(jid, None)
+            t0 = self._enqueued_at.pop(jid, None)
+            active = self.gate.store_pressure_active
+        if t0 is not None:
+            self.metrics.c.sample("job_latency_s", time.perf_counter() - t0)
+        self.metrics.c.set("pressure_active", int(active))
 
     def close_ended_store_requests(self, finished: set[str], preempted: set[str]) -> None:
         """Retire request state: preempted now (their queued jobs become not live), finished
         once their queued jobs drained (``_close_ended_store_requests``)."""
-        for rid in preempted:
-            self.delete_finished_stored_request(rid)
-        for rid in finished | self.finished_store_req:
-            if self.stored_requests.get(rid):
-                self.finished_store_req.add(rid)
-            else:
-                self.finished_store_req.discard(rid)
+        with self._lock:
+            for rid in preempted:
                 self.delete_finished_stored_request(rid)
+            for rid in finished | self.finished_store_req:
+                if self.stored_requests.get(rid):
+                    self.finished_store_req.add(rid)
+                else:
+                    self.finished_store_req.discard(rid)
+                    self.delete_finished_stored_request(rid)
 
     def delete_finished_stored_request(self, rid: str) -> None:
         self.stored_requests.pop(rid, None)
@@ -289,27 +420,23 @@ class WorkerSide:
     def _live(self, job: StoreJob) -> bool:
         return job.store_job_id in self.stored_requests.get(job.req_id, ())
 
-    def _sync_device(self) -> None:
-        """Wait for this step's device work (forward, CoW copies) before reading blocks."""
-        if self.layout is not None and self.layout.device.type == "cuda":
-            ev = torch.cuda.Event()
-            ev.record()
-            ev.synchronize()
-
     def _handle_request(self, job: StoreJob) -> None:
         lcm = self.geo.lcm_block_size
         token_len = job.token_len_chunk // lcm * lcm
-        if not self._live(job):
+        with self._lock:
+            live = self._live(job)
+            skip = live and self.gate.should_skip(job.req_id)
+            start = self.saved_offset.get(job.req_id, 0)
+        if not live:
             self.metrics.c.inc("jobs_not_live")
             return
-        if self.gate.should_skip(job.req_id):
+        if skip:
             self.metrics.c.inc("jobs_skipped_pressure")
             return
         if not self._boundary_puts(job):
             return  # a failed boundary put also skips this job's normal save
         if token_len == 0:
             return
-        start = self.saved_offset.get(job.req_id, 0)
         items: list[tuple[int, int, bytes]] = []
         h = self.geo.hash_block_size
         for g, bs in enumerate(self.geo.block_sizes):
@@ -322,10 +449,11 @@ class WorkerSide:
                     continue
                 items.append((g, table[idx], job.block_hashes[end // h - 1]))
         result = self._put(job, items)
-        if result != "failed" and self._live(job):
-            self.saved_offset[job.req_id] = token_len
-        if result == "ok":
-            self.gate.clear()
+        with self._lock:
+            if result != "failed" and self._live(job):
+                self.saved_offset[job.req_id] = token_len
+            if result == "ok":
+                self.gate.clear()
 
     def _boundary_puts(self, job: StoreJob) -> bool:
         h = self.geo.hash_block_size
@@ -337,14 +465,15 @@ class WorkerSide:
         ]
         result = self._put(job, items)
         if result == "ok":
-            self.gate.clear()
+            with self._lock:
+                self.gate.clear()
         return result != "failed"
 
     def _put(self, job: StoreJob, items: list[tuple[int, int, bytes]]) -> str:
         """Put the keys of ``items`` the store lacks, in order, as one batch (split only to fit
-        the staging buffer). "none": nothing was missing; "ok": all stored; "failed": any key
+        a staging buffer). "none": nothing was missing; "ok": all stored; "failed": any key
         failed (STORE_FULL marks the pressure gate)."""
-        assert self.layout is not None and self.staging is not None
+        assert self.layout is not None and self.pool is not None
         if not items:
             return "none"
         keys = [self.key(g, hh, job.epoch) for g, _, hh in items]
@@ -353,7 +482,7 @@ class WorkerSide:
         if not todo:
             return "none"
         sizes = [self._slot(g) for (g, _, _), _ in todo]
-        cap = self.staging.numel()
+        cap = self.pool.nbytes
         i = 0
         while i < len(todo):
             j, used = i, 0
@@ -361,56 +490,70 @@ class WorkerSide:
                     j == i or used + sizes[j] <= cap):
                 used += sizes[j]
                 j += 1
-            outs = self._put_chunk(todo[i:j], sizes[i:j])
+            outs = self._put_values(job, [(g, b) for (g, b, _), _ in todo[i:j]],
+                                    [k for _, k in todo[i:j]], sizes[i:j])
             self.metrics.record_batch("put", outs, sum(o.nbytes for o in outs if o.ok))
             if not all(o.saved for o in outs):
                 if any(o.status is Status.STORE_FULL for o in outs):
-                    self.gate.store_pressure_active = True
-                    if self._live(job):
-                        self.gate.skip_store_requests.add(job.req_id)
+                    with self._lock:
+                        self.gate.store_pressure_active = True
+                        if self._live(job):
+                            self.gate.skip_store_requests.add(job.req_id)
                 return "failed"
             i = j
         return "ok"
 
-    def _put_chunk(self, todo: list[tuple[tuple[int, int, bytes], str]],
-                   sizes: list[int]) -> list[Any]:
-        """Gather the blocks into the staging buffer behind room for their headers (item order
-        kept), seal every value (``ValueCodec.seal``) and put them."""
-        assert self.layout is not None and self.staging is not None
-        offs = [0]
-        for n in sizes:
-            offs.append(offs[-1] + n)
-        by_group: dict[int, list[int]] = {}
-        for idx, ((g, _, _), _) in enumerate(todo):
-            by_group.setdefault(g, []).append(idx)
-        for g, idxs in by_group.items():
-            rows = self.layout.gather(g, [todo[i][0][1] for i in idxs])
-            if idxs == list(range(idxs[0], idxs[0] + len(idxs))):
-                # Consecutive items (the usual case): one device-to-host copy.
-                slots = self.staging[offs[idxs[0]] : offs[idxs[-1] + 1]].view(len(idxs), -1)
-                slots[:, HEADER_BYTES:].copy_(rows)
-                continue
-            for r, i in enumerate(idxs):
-                self.staging[offs[i] + HEADER_BYTES : offs[i + 1]].copy_(rows[r])
-        bufs = [self.staging[offs[i] : offs[i + 1]] for i in range(len(todo))]
-        for (_, key), buf in zip(todo, bufs, strict=True):
-            self.codec.seal(key, buf)
-        return self.store.put_batch([k for _, k in todo], bufs)
+    def _put_values(self, job: StoreJob, blocks: list[tuple[int, int]], keys: list[str],
+                    sizes: list[int]) -> list[Any]:
+        """KV blocks -> sealed store values, one batch. ``sizes`` are slot sizes (header +
+        block). CPU: each block is copied once, straight into its value's payload
+        (``Store.write_batch``: the memory store's own array, else registered staging), then
+        ``ValueCodec.seal`` hashes the payload into the header -- two passes. GPU:
+        device-to-host copies into pinned staging on the copy stream, after the job's step
+        event (this thread waits, the step does not), then the same seal."""
+        assert self.layout is not None and self.pool is not None
+        layout, codec = self.layout, self.codec
+        with self.pool.take(sum(sizes)) as buf:
+            if self.copy_stream is None:
+                def produce(i: int, out: np.ndarray) -> None:
+                    layout.read_block(blocks[i][0], blocks[i][1], out[HEADER_BYTES:])
+                    codec.seal(keys[i], out)
+
+                return self.store.write_batch(keys, sizes, produce, staging=buf.numpy())
+            with self._lock:
+                event = self._events.get(job.store_job_id)  # type: ignore[arg-type]
+            views, off = [], 0
+            with torch.cuda.stream(self.copy_stream):
+                if event is not None:
+                    self.copy_stream.wait_event(event)
+                for (g, b), n in zip(blocks, sizes, strict=True):
+                    view = buf[off : off + n]
+                    layout.read_block(g, b, view[HEADER_BYTES:])
+                    views.append(view)
+                    off += n
+            self.copy_stream.synchronize()
+            for key, view in zip(keys, views, strict=True):
+                codec.seal(key, view)
+            return self.store.put_batch(keys, views)
 
     # ------------------------------------------------------------------ reports
 
     def take_transfer_results(self) -> tuple[set[str], set[str]]:
         """(finished_recving, failed_recving) since the last call (failed ⊆ finished)."""
-        done, failed = self.finished_recving, self.failed_recving
-        self.finished_recving, self.failed_recving = set(), set()
+        with self._lock:
+            done, failed = self.finished_recving, self.failed_recving
+            self.finished_recving, self.failed_recving = set(), set()
         return done, failed
 
     def take_load_error_blocks(self) -> set[int]:
-        out, self.load_error_blocks = self.load_error_blocks, set()
+        with self._lock:
+            out, self.load_error_blocks = self.load_error_blocks, set()
         return out
 
     def build_connector_worker_meta(self) -> TailproofWorkerMeta | None:
-        if not self.completed_saves:
-            return None
-        out, self.completed_saves = self.completed_saves, {}
+        with self._lock:
+            if not self.completed_saves:
+                return None
+            out, self.completed_saves = self.completed_saves, {}
+        self.metrics.c.set("queued_jobs", self.senders.pending if self.senders else 0)
         return TailproofWorkerMeta(completed_saves=out)

@@ -32,6 +32,8 @@ class Coordinator:
             if isinstance(m, MambaAlignManager):
                 # KVCacheCoordinator.__init__: Mamba checkpoints follow EAGLE's replay boundary.
                 m.drop_eagle_checkpoint_block = geo.use_eagle
+                # KVCacheManager.__init__ narrows the engine flag and sets it per manager.
+                m.shared_prefix_checkpoint = geo.manager_shared_prefix_checkpoint
             managers.append(m)
         self.managers: tuple[Manager, ...] = tuple(managers)
 
@@ -39,25 +41,29 @@ class Coordinator:
 
     def find_longest_cache_hit(
         self, block_hashes: list[BlockHash], max_cache_hit_length: int
-    ) -> tuple[list[list[Block]], int]:
+    ) -> tuple[list[list[Block]], int, int]:
+        """(blocks per group, hit, uncached shared prefix); the last is 0 unless hybrid."""
         kind = self.geo.coordinator_kind
         if kind == "none":
-            return [[] for _ in self.managers], 0
+            return [[] for _ in self.managers], 0, 0
         if kind == "unitary":
             # mirrors UnitaryKVCacheCoordinator.find_longest_cache_hit (alignment = block size).
             m = self.managers[0]
-            return type(m).find_longest_cache_hit(
+            blocks, hit = type(m).find_longest_cache_hit(
                 block_hashes, max_cache_hit_length, [0], self.block_pool, m.block_size,
                 0 in self.geo.drop_eagle_group_ids, m.block_size,
             )
+            return blocks, hit, 0
         return self._find_hybrid(block_hashes, max_cache_hit_length)
 
     def _find_hybrid(
         self, block_hashes: list[BlockHash], max_cache_hit_length: int
-    ) -> tuple[list[list[Block]], int]:
+    ) -> tuple[list[list[Block]], int, int]:
         """mirrors HybridKVCacheCoordinator.find_longest_cache_hit: a fixed point over the spec
         groups (full attention first), EAGLE margins for non-Mamba groups, then every
-        full-attention group clipped to ``cdiv(hit, block_size)`` blocks."""
+        full-attention group clipped to ``cdiv(hit, block_size)`` blocks. Also returns
+        ``num_uncached_common_prefix_tokens``: how far the longest single-group hit of any
+        pass runs past the reconciled hit (a prefix that Mamba has not cached yet)."""
         geo = self.geo
         h = geo.hash_block_size
         alignment = geo.alignment
@@ -67,6 +73,7 @@ class Coordinator:
         len_by_group = [0] * len(self.managers)
         is_simple_hybrid = len(groups) == 2 and groups[0].kind == FULL_ATTENTION
         eagle_verified: set[int] = set()
+        longest_hit_length = 0
         while True:
             curr = hit_length
             for idx, sg in enumerate(groups):
@@ -94,6 +101,7 @@ class Coordinator:
                 for gid, blks in zip(sg.group_ids, blocks, strict=True):
                     by_group[gid] = blks
                     len_by_group[gid] = new_len
+                longest_hit_length = max(longest_hit_length, curr)
             if curr >= hit_length:
                 break
             hit_length = curr
@@ -107,7 +115,8 @@ class Coordinator:
                 blks = by_group[gid]
                 if blks is not None:
                     del blks[num_blocks:]
-        return [b if b is not None else [] for b in by_group], hit_length
+        blocks_out = [b if b is not None else [] for b in by_group]
+        return blocks_out, hit_length, longest_hit_length - hit_length
 
     # --- admission and allocation ------------------------------------------------------
 

@@ -46,6 +46,8 @@ class Geometry:
     max_num_scheduled_tokens: int = 8192
     long_prefill_token_threshold: int = 0
     split_block_size: int | None = None  # cache_config.block_size override (trace config)
+    # CacheConfig.enable_mamba_shared_prefix_checkpoint (the engine flag, as configured).
+    enable_mamba_shared_prefix_checkpoint: bool = False
     # Derived in __post_init__.
     scheduler_block_size: int = field(init=False)
     coordinator_kind: str = field(init=False)  # "none" | "unitary" | "hybrid"
@@ -132,6 +134,25 @@ class Geometry:
             and self.partial_hits
         )
 
+    @property
+    def manager_shared_prefix_checkpoint(self) -> bool:
+        """``KVCacheManager.mamba_shared_prefix_checkpoint``: the flag takes effect only with an
+        EAGLE group and partial hits (no multi-module MTP re-prefill tail is modelled, so
+        ``num_reprefillable_tokens == 0``). It sets ``shared_prefix_checkpoint`` on every Mamba
+        manager."""
+        return (
+            self.enable_mamba_shared_prefix_checkpoint
+            and bool(self.eagle_group_ids)
+            and self.partial_hits
+            and self.coordinator_kind == "hybrid"
+        )
+
+    @property
+    def mamba_shared_prefix_checkpoint(self) -> bool:
+        """``Scheduler.mamba_shared_prefix_checkpoint``: the split stops at the junction itself
+        (not block-floored) only when the manager will key the state there."""
+        return self.mamba_partial_cache_hit and self.manager_shared_prefix_checkpoint
+
     @classmethod
     def from_config(cls, config: Any) -> Geometry:
         """Build from a ``TraceConfig`` (or anything with the same fields)."""
@@ -149,6 +170,8 @@ class Geometry:
             max_num_scheduled_tokens=int(getattr(config, "max_num_scheduled_tokens", 8192)),
             long_prefill_token_threshold=int(getattr(config, "long_prefill_token_threshold", 0)),
             split_block_size=getattr(config, "split_block_size", None),
+            enable_mamba_shared_prefix_checkpoint=bool(
+                getattr(config, "enable_mamba_shared_prefix_checkpoint", False)),
         )
 
 

@@ -29,16 +29,18 @@ class KVCacheManager:
 
     def get_computed_blocks(
         self, request: Request, max_cache_hit_length: int | None = None
-    ) -> tuple[Blocks, int]:
+    ) -> tuple[Blocks, int, int]:
         """mirrors KVCacheManager.get_computed_blocks: no state change; the last token is always
-        recomputed unless a bound is given."""
+        recomputed unless a bound is given. The third value is ``shared_prefix_boundary``: the
+        hit plus the prefix only attention has cached (the junction), 0 when there is none."""
         if not self.enable_caching:
-            return self.empty_blocks(), 0
+            return self.empty_blocks(), 0, 0
         if max_cache_hit_length is None:
             max_cache_hit_length = request.num_tokens - 1
-        return self.coordinator.find_longest_cache_hit(
+        blocks, hit, num_uncached = self.coordinator.find_longest_cache_hit(
             request.block_hashes, max_cache_hit_length
         )
+        return blocks, hit, hit + num_uncached if num_uncached else 0
 
     def truncate_computed_blocks(self, blocks: Sequence[Sequence[Block]], n: int) -> Blocks:
         """mirrors KVCacheManager.truncate_computed_blocks: pure slicing at an aligned endpoint;
@@ -112,6 +114,11 @@ class KVCacheManager:
             return new_blocks
         coord.cache_blocks(request, min(total_computed + num_new_tokens, request.num_tokens))
         return new_blocks
+
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        """mirrors KVCacheManager.cache_blocks (a delayed cache, once an async load landed)."""
+        if self.enable_caching:
+            self.coordinator.cache_blocks(request, num_computed_tokens)
 
     # --- hand-offs ---------------------------------------------------------------------
 

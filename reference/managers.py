@@ -307,6 +307,9 @@ class MambaAlignManager(FullAttentionManager):
         super().__init__(block_size, pool, group_id, enable_caching, scheduler_block_size)
         # True when the coordinator's use_eagle is set (checkpoints follow EAGLE's drop).
         self.drop_eagle_checkpoint_block = False
+        # SingleTypeKVCacheManager.shared_prefix_checkpoint: also key the state at the
+        # request's shared-prefix junction (Geometry.mamba_shared_prefix_checkpoint).
+        self.shared_prefix_checkpoint = False
         # Keys registered or moved this step: a hit on one is deferred to the next step.
         self.cached_blocks_this_step: set[Key] = set()
         # Table index of the previous running-state block, freed next step.
@@ -475,11 +478,18 @@ class MambaAlignManager(FullAttentionManager):
 
     def _cache_partial_tail_block(self, request: Request, num_tokens: int) -> Key | None:
         """mirrors MambaManager._cache_partial_tail_block (regular path): only when this chunk
-        ends exactly at ck(P); a sub-block entry leaves a pending CoW and a producer marker."""
+        ends exactly at ck(P) or, with ``shared_prefix_checkpoint``, at the request's junction
+        inside the prompt chunk being computed; a sub-block entry leaves a pending CoW and a
+        producer marker."""
         h = self.block_pool.hash_block_size
         if num_tokens <= 0 or num_tokens % h != 0:
             return None
-        if num_tokens != checkpoint_position(
+        at_junction = (
+            self.shared_prefix_checkpoint
+            and num_tokens == request.shared_prefix_boundary
+            and request.num_computed_tokens < num_tokens <= request.num_prompt_tokens
+        )
+        if not at_junction and num_tokens != checkpoint_position(
             request.num_prompt_tokens, h, self.drop_eagle_checkpoint_block
         ):
             return None

@@ -23,6 +23,7 @@ class Request:
         "hash_block_size",
         "num_computed_tokens",
         "num_in_flight_tokens",
+        "shared_prefix_boundary",
         "status",
     )
 
@@ -37,6 +38,9 @@ class Request:
         self.block_hashes: list[BlockHash] = []
         self.num_computed_tokens = 0
         self.num_in_flight_tokens = 0
+        # Request.shared_prefix_boundary: the junction of a shared prefix whose Mamba state is
+        # not cached yet (0: none); set by the admission lookup (Scheduler.schedule).
+        self.shared_prefix_boundary = 0
         self.status = RequestStatus.WAITING
         extend_block_hashes(self.block_hashes, self.all_token_ids, hash_block_size)
 

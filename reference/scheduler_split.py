@@ -1,7 +1,10 @@
 """Where a prefill chunk must end so Mamba states land on cacheable positions (mirrors
 ``Scheduler._mamba_block_aligned_split`` in ``v1/core/sched/scheduler.py``).
 
-Scope: no internal prefill checkpoints, no shared-prefix junction, no hash lookahead.
+Scope: no internal prefill checkpoints, no hash lookahead. The shared-prefix junction
+(``Request.shared_prefix_boundary``, set by the admission lookup) is a stop: block-floored from
+the chunk start, or the junction itself when ``Scheduler.mamba_shared_prefix_checkpoint`` holds
+and the junction lies within the prompt.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ def mamba_block_aligned_split(
     num_external_computed_tokens: int = 0,
 ) -> int:
     """Clip a prefill chunk: block-aligned ends, never past the last cacheable block boundary,
-    and a stop at the prompt's partial-tail boundary ck(P)."""
+    a stop at the prompt's partial-tail boundary ck(P), and a stop at the shared-prefix
+    junction when the chunk crosses it."""
     start = (
         request.num_computed_tokens + num_new_local_computed_tokens + num_external_computed_tokens
     )
@@ -43,10 +47,20 @@ def mamba_block_aligned_split(
         if geo.mamba_partial_cache_hit
         else 0
     )
+    junction = request.shared_prefix_boundary
+    # Block-floored from the chunk start: a sub-block junction's state is kept only when the
+    # manager keys it (the flag, EAGLE, partial hits) and the junction is inside the prompt.
+    block_floored = start + (junction - start) // block_size * block_size
+    junction_stop = (
+        junction
+        if geo.mamba_shared_prefix_checkpoint and junction <= request.num_prompt_tokens
+        else block_floored
+    )
     stops = (
         next_block_boundary if start % block_size != 0 else 0,
         last_cache_position,
         tail_boundary if last_cache_position < tail_boundary < request.num_prompt_tokens else 0,
+        junction_stop if start < junction < end else 0,
     )
     end = min((s for s in stops if start < s < end), default=end)
     return max(end - start, 0)

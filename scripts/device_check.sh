@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The GPU checks, as one script for a lent CUDA machine (run from the repo root; results go to
 # $OUT, default ./out/device): the corpus on the impl adapter with CUDA KV tensors (memory store
-# and a real Mooncake master on 127.0.0.1), the CUDA worker test, and the store benchmarks.
+# and a real Mooncake master on 127.0.0.1), the CUDA data-plane tests (pinned staging pool, the
+# step's CUDA event ordering the sender's device-to-host copies, loads on the copy stream), and
+# the store benchmarks.
 # Not runnable on a CPU-only machine: it stops at once when torch sees no CUDA device.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,5 +17,13 @@ for store in memory mooncake; do
   .venv/bin/tailproof replay conformance/cases/*.json --against reference,impl --store "$store" \
     --device cuda --json > "$OUT/replay-impl-cuda-$store.json" || echo "divergences on $store" >&2
 done
-"$PY" -m pytest tests/impl/test_worker_side.py -k cuda -rs 2>&1 | tee "$OUT/cuda-worker-test.txt"
+# The CUDA data path: pinned staging pool, the step's CUDA event ordering the sender's
+# device-to-host copies after a still-running kernel (no host wait in wait_for_save), loads on
+# the copy stream, sealed values verified on the way back. A skip here means no GPU was seen.
+"$PY" -m pytest tests/impl/test_worker_side.py tests/impl/test_data_plane.py -k cuda -rs 2>&1 \
+  | tee "$OUT/cuda-worker-test.txt"
+if grep -q "skipped" "$OUT/cuda-worker-test.txt"; then
+  echo "CUDA data-path tests were skipped on a CUDA machine" >&2
+  exit 1
+fi
 "$PY" benchmarks/store_throughput.py --rounds 20 2>&1 | tee "$OUT/store-throughput.md"

@@ -4,8 +4,9 @@
   role (``SchedulerSide``) pins blocks of its real ``BlockPool``;
 - workers: one ``WorkerSide`` per rank over real torch KV tensors (``SimRunner`` layouts; on
   CUDA when available, else CPU; the ``device`` option overrides), its store jobs queued by
-  ``conn_step`` and run by ``worker_run`` exactly as in production (``wait_for_save`` =
-  enqueue + run);
+  ``conn_step`` and run by ``worker_run`` on the worker's real sender thread (manual lanes:
+  ``worker_run`` hands it exactly the jobs it names and waits for them; loads likewise on the
+  receiver thread, run right after the step that scheduled them);
 - store: a real store (``make_store``: the ``store`` option, ``memory`` by default or
   ``mooncake`` with ``store_config={"master_address": ...}``) behind :class:`ScriptedStore`,
   which applies the trace's scripted put outcomes and keeps the observation tags.
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import json
 import uuid
+import weakref
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import replace
@@ -116,9 +118,46 @@ class ScriptedStore(Store):
                     self.tags[keys[i]] = tags[i]
         return outs
 
+    def write_batch(self, keys: Sequence[str], sizes: Sequence[int], produce: Any,
+                    staging: Any = None) -> list[Outcome]:
+        """As :meth:`put_batch`, on the inner store's one-pass path: the bytes a key's value
+        is produced with are checked as they are written."""
+        entry = self.script.popleft() if self.script else "ok"
+        tags = [self.tag(k) for k in keys]
+        self.log.append((tags, entry))
+        codes = codes_for(entry, len(keys))
+        if codes is None:  # a raising store call: every key fails
+            return [Outcome.error(message="scripted raise")] * len(keys)
+        outs: list[Outcome] = [Outcome.error()] * len(keys)
+        go = [i for i, c in enumerate(codes) if c >= 0]
+        for i, c in enumerate(codes):
+            if c < 0:
+                outs[i] = Outcome.full(c) if c == -200 else Outcome.error(c)
+
+        def checked(j: int, out: Any) -> None:
+            i = go[j]
+            produce(i, out)
+            self.verify(keys[i], tags[i], out)
+
+        if go:
+            real = self.inner.write_batch([keys[i] for i in go], [sizes[i] for i in go],
+                                          checked, staging)
+            for i, o in zip(go, real, strict=True):
+                outs[i] = o
+                if o.saved:
+                    self.tags[keys[i]] = tags[i]
+        return outs
+
     def get_batch(self, keys: Sequence[str], buffers: Sequence[Any]) -> list[Outcome]:
         outs = self.inner.get_batch(list(keys), list(buffers))
         return [o if k in self.tags else Outcome.miss() for k, o in zip(keys, outs, strict=True)]
+
+    def read_batch(self, keys: Sequence[str], sizes: Sequence[int], consume: Any,
+                   staging: Any = None) -> list[Outcome]:
+        if all(k in self.tags for k in keys):
+            return self.inner.read_batch(list(keys), list(sizes), consume, staging)
+        return [Outcome.error(message="batch not read: another key missed") if k in self.tags
+                else Outcome.miss() for k in keys]
 
     def remove(self, keys: Sequence[str]) -> int:
         for k in keys:
@@ -153,6 +192,11 @@ def close_shared_stores() -> None:
     while _SHARED_MOONCAKE:
         _, store = _SHARED_MOONCAKE.popitem()
         store.close()
+
+
+def _close_workers(workers: list[WorkerSide]) -> None:
+    for ws in workers:
+        ws.close(timeout=0.0)
 
 
 class ImplConnector(ConnectorAdapter):
@@ -199,9 +243,13 @@ class ImplConnector(ConnectorAdapter):
                         for r in range(n)]
         self.workers = []
         for r, runner in enumerate(self.runners):
-            ws = WorkerSide(self.settings, geo, self.store, r, n, self.coord, tp_size=n)
+            ws = WorkerSide(self.settings, geo, self.store, r, n, self.coord, tp_size=n,
+                            manual=True)
             ws.register_kv_caches(runner.kv, runner.layer_names)
             self.workers.append(ws)
+        # The workers' threads outlive a trace unless stopped: stop them with the adapter
+        # (queued jobs are reported, never run, so a finished trace does no more store I/O).
+        weakref.finalize(self, _close_workers, list(self.workers))
         core_backend.observer = self
 
     # --- KV simulation (KVObserver): forwards on commit, CoW copies when queued ----------
@@ -285,11 +333,12 @@ class ImplConnector(ConnectorAdapter):
             return
         lcm = self.geo.lcm_block_size
         for ws, runner in zip(self.workers, self.runners, strict=True):
-            ok = ws.start_load(TailproofMeta(loads=meta.loads))
+            ws.start_load(TailproofMeta(loads=meta.loads))
+            ws.run_loads()  # the receiver thread runs them; this waits for every one
             ws.take_transfer_results()
             ws.take_load_error_blocks()
             for job in meta.loads:
-                if not ok[job.req_id]:
+                if not ws.load_ok.pop(job.req_id):
                     continue  # failed closed: nothing was written
                 req = self._req(job.req_id)
                 start = job.vllm_cached_tokens // lcm * lcm

@@ -45,7 +45,8 @@ class ReferenceCoreBackend:
     def get(self, rid: str) -> RequestView:
         r = self.requests[rid]
         return RequestView(
-            r.num_tokens, r.num_prompt_tokens, r.num_computed_tokens, r.num_in_flight_tokens
+            r.num_tokens, r.num_prompt_tokens, r.num_computed_tokens, r.num_in_flight_tokens,
+            r.shared_prefix_boundary,
         )
 
     def set_counters(
@@ -67,9 +68,16 @@ class ReferenceCoreBackend:
 
     # -- lookup, planning, allocation ---------------------------------------------------
     def lookup(self, rid: str, max_len: int | None) -> tuple[int, list[list[int]]]:
-        blocks, hit = self.manager.get_computed_blocks(self.requests[rid], max_len)
+        req = self.requests[rid]
+        blocks, hit, junction = self.manager.get_computed_blocks(req, max_len)
+        if req.num_computed_tokens == 0:
+            # Scheduler.schedule assigns the junction at admission (num_computed_tokens == 0).
+            req.shared_prefix_boundary = junction
         self.pending[rid] = (blocks, hit)
         return hit, _ids(blocks)
+
+    def cache_blocks(self, rid: str, num_tokens: int) -> None:
+        self.manager.cache_blocks(self.requests[rid], num_tokens)
 
     def plan_chunk(self, rid: str, num_new_tokens: int, hit_tokens: int, external: int) -> int:
         return plan_chunk(self.geo, self.requests[rid], num_new_tokens, hit_tokens, external)

@@ -69,7 +69,8 @@ class VllmCoreBackend:
             kv_config, max_model_len=config.max_model_len,
             scheduler_block_size=config.scheduler_block_size,
             hash_block_size=config.hash_block_size, enable_caching=config.enable_caching,
-            use_eagle=config.use_eagle)
+            use_eagle=config.use_eagle,
+            enable_mamba_shared_prefix_checkpoint=config.enable_mamba_shared_prefix_checkpoint)
         self.block_pool = self.manager.block_pool
         self.requests: dict[str, Any] = {}
         self.pending: dict[str, tuple[Any, int]] = {}
@@ -112,7 +113,10 @@ class VllmCoreBackend:
             mamba_partial_cache_hit=partial,
             mamba_has_prefill_checkpoint_blocks=False,
             mamba_prefill_checkpoint_alignment=None,
-            mamba_shared_prefix_checkpoint=False,
+            # Scheduler.__init__: the split stops at the junction itself only when the
+            # manager (which narrows the flag) will key the state there.
+            mamba_shared_prefix_checkpoint=(
+                partial and self.manager.mamba_shared_prefix_checkpoint),
         )
 
     # -- requests -----------------------------------------------------------------------
@@ -135,7 +139,7 @@ class VllmCoreBackend:
     def get(self, rid: str) -> RequestView:
         r = self.requests[rid]
         return RequestView(r.num_tokens, r.num_prompt_tokens, r.num_computed_tokens,
-                           r.num_in_flight_tokens)
+                           r.num_in_flight_tokens, r.shared_prefix_boundary)
 
     def set_counters(self, rid: str, *, num_computed_tokens: int | None = None,
                      num_in_flight_tokens: int | None = None) -> None:
@@ -158,9 +162,13 @@ class VllmCoreBackend:
     def lookup(self, rid: str, max_len: int | None) -> tuple[int, list[list[int]]]:
         req = self.requests[rid]
         if max_len is None:
-            blocks, hit, _ = self.manager.get_computed_blocks(req)
+            blocks, hit, junction = self.manager.get_computed_blocks(req)
         else:
-            blocks, hit, _ = self.manager.get_computed_blocks(req, max_len)
+            blocks, hit, junction = self.manager.get_computed_blocks(req, max_len)
+        if req.num_computed_tokens == 0:
+            # Scheduler.schedule assigns the junction at admission (num_computed_tokens == 0),
+            # where _mamba_block_aligned_split and MambaManager.cache_blocks read it.
+            req.shared_prefix_boundary = junction
         self.pending[rid] = (blocks, hit)
         return hit, [list(ids) for ids in blocks.get_block_ids()]
 
@@ -169,6 +177,9 @@ class VllmCoreBackend:
             return num_new_tokens
         return self.v.Scheduler._mamba_block_aligned_split(
             self._split_self, self.requests[rid], num_new_tokens, hit_tokens, external)
+
+    def cache_blocks(self, rid: str, num_tokens: int) -> None:
+        self.manager.cache_blocks(self.requests[rid], num_tokens)
 
     def allocate(self, rid: str, num_new_tokens: int, *, use_hit: bool, external: int,
                  delay_cache: bool, lookahead: int) -> list[list[int]] | None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import abc
 import enum
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, TypeAlias
@@ -31,6 +31,10 @@ import numpy as np
 
 # memoryview | bytearray | bytes | numpy.ndarray | torch.Tensor (torch is optional here).
 ByteBuffer: TypeAlias = Any
+#: ``produce(i, out)`` writes value i into ``out`` (a writable uint8 array of exactly its size).
+Produce: TypeAlias = Callable[[int, np.ndarray], None]
+#: ``consume(values)`` reads every value of a batch (read-only uint8 arrays, in key order).
+Consume: TypeAlias = Callable[[list[np.ndarray]], None]
 
 
 class Status(enum.Enum):
@@ -177,6 +181,39 @@ class Store(abc.ABC):
     def close(self) -> None:
         """Release the store; idempotent. Later calls answer ERROR instead of crashing."""
 
+    def write_batch(self, keys: Sequence[str], sizes: Sequence[int], produce: Produce,
+                    staging: np.ndarray | None = None) -> list[Outcome]:
+        """Store values that ``produce(i, out)`` writes straight into their destination.
+
+        The allocate-then-fill form of :meth:`put_batch`, so a caller never makes its own copy
+        of the bytes: a store that owns its memory (the memory store) hands out the value's
+        final buffer (one pass over the bytes); this default produces into views of
+        ``staging`` (a registered region: zero-copy for Mooncake) or a temporary array, then
+        calls :meth:`put_batch` (two passes). ``produce`` may be skipped for keys that end
+        EXISTS or fail; outcomes as :meth:`put_batch`.
+        """
+        check_batch(keys, sizes)
+        views = _split(staging, sizes)
+        for i, v in enumerate(views):
+            produce(i, v)
+        return self.put_batch(keys, views)
+
+    def read_batch(self, keys: Sequence[str], sizes: Sequence[int], consume: Consume,
+                   staging: np.ndarray | None = None) -> list[Outcome]:
+        """Load values of ``sizes[i]`` bytes; ``consume(values)`` is called once, and only when
+        *every* key answered OK (all-or-nothing: a failed batch hands out no bytes).
+
+        The memory store passes its own buffers (no copy before ``consume``); this default
+        gets into views of ``staging`` (or a temporary array) first. Outcomes as
+        :meth:`get_batch`.
+        """
+        check_batch(keys, sizes)
+        views = _split(staging, sizes)
+        outs = self.get_batch(keys, views)
+        if outs and all(o.ok for o in outs):
+            consume([v[:] for v in views])
+        return outs
+
     def register_buffer(self, buffer: ByteBuffer) -> None:  # noqa: B027 - optional hook
         """Declare a long-lived staging buffer so later puts/gets of views into it are zero-copy.
 
@@ -206,7 +243,18 @@ class Store(abc.ABC):
         self.close()
 
 
-def check_batch(keys: Sequence[str], buffers: Sequence[ByteBuffer]) -> None:
+def _split(staging: np.ndarray | None, sizes: Sequence[int]) -> list[np.ndarray]:
+    """Consecutive views of ``sizes`` bytes into ``staging`` (a temporary if it is too small)."""
+    total = sum(sizes)
+    buf = staging if staging is not None and staging.nbytes >= total else np.empty(total, np.uint8)
+    out, off = [], 0
+    for n in sizes:
+        out.append(buf[off : off + n])
+        off += n
+    return out
+
+
+def check_batch(keys: Sequence[str], buffers: Sequence[Any]) -> None:
     """Raise ValueError for a malformed batch (a programming error, not a store outcome)."""
     if len(keys) != len(buffers):
         raise ValueError(f"{len(keys)} keys but {len(buffers)} buffers")

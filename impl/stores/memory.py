@@ -9,9 +9,16 @@ larger than the whole capacity, EXISTS for a second put of a key), so connector 
 meets no new outcome in production. Tests can script the next outcomes (:class:`FaultScript`)
 or take the whole store "down" to exercise fail-closed paths without a real outage.
 
-Memory: values are copied into private arrays. Arrays of removed/evicted values are kept for
-reuse by later puts of the same size (KV blocks have few distinct sizes), so steady-state puts
-copy into already-faulted pages at memcpy speed; held + pooled bytes never exceed the capacity.
+Memory: values live in private arrays. Arrays of removed/evicted values are kept for reuse by
+later puts of the same size (KV blocks have few distinct sizes), so steady-state puts copy into
+already-faulted pages at memcpy speed; held + pooled bytes never exceed the capacity.
+
+Copies: one single-threaded ``numpy.copyto`` per value, outside the store's lock (it releases
+the GIL), so concurrent callers overlap and no call starts a parallel region of its own. The
+allocate-then-fill calls (:meth:`MemoryStore.write_batch` / :meth:`MemoryStore.read_batch`) let
+the connector gather KV straight into a value's final array and scatter straight from it: one
+pass over the bytes. A value being read is leased: removing or evicting it meanwhile drops it
+from the store but never recycles its array under the reader.
 
 Eviction: with ``evict=True`` (the default, like Mooncake's master) a put that does not fit
 drops least-recently-used values first; with ``evict=False`` it answers STORE_FULL.
@@ -19,27 +26,24 @@ drops least-recently-used values first; with ``evict=False`` it answers STORE_FU
 
 from __future__ import annotations
 
-import sys
 import threading
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from .base import ByteBuffer, Outcome, Status, Store, as_bytes_array, check_batch
+from .base import (
+    ByteBuffer,
+    Consume,
+    Outcome,
+    Produce,
+    Status,
+    Store,
+    as_bytes_array,
+    check_batch,
+)
 
 _CLOSED = "store is closed"
-_PARALLEL_COPY_BYTES = 1 << 20  # below this a single-threaded memcpy wins
-
-
-def _copy(dst: np.ndarray, src: np.ndarray) -> None:
-    """memcpy of one value; large values use torch's parallel CPU copy when torch is already
-    loaded (it is in a vLLM worker), which is about twice numpy's single-threaded rate."""
-    torch = sys.modules.get("torch")
-    if torch is not None and src.nbytes >= _PARALLEL_COPY_BYTES:
-        torch.from_numpy(dst).copy_(torch.from_numpy(src))
-    else:
-        np.copyto(dst, src)
 
 
 class FaultScript:
@@ -77,7 +81,7 @@ class FaultScript:
 
 
 class MemoryStore(Store):
-    """Bounded in-process store; values are private copies (puts copy in, gets copy out)."""
+    """Bounded in-process store; values are private arrays (see module docstring)."""
 
     name = "memory"
 
@@ -88,15 +92,17 @@ class MemoryStore(Store):
         self.evict = evict
         self.faults = FaultScript()
         self._data: OrderedDict[str, np.ndarray] = OrderedDict()  # LRU order: oldest first
-        self._used = 0
+        self._filling: dict[str, np.ndarray] = {}  # reserved, being written, not visible yet
+        self._used = 0  # bytes of held + reserved values
         self._pool: dict[int, list[np.ndarray]] = {}  # size -> reusable arrays
         self._pooled = 0
+        self._leases: dict[int, int] = {}  # id(array) -> readers copying out of it now
         self._lock = threading.Lock()
         self._closed = False
 
     @property
     def used_bytes(self) -> int:
-        """Bytes of values currently held."""
+        """Bytes of values currently held (or reserved by a write in progress)."""
         return self._used
 
     @property
@@ -115,21 +121,49 @@ class MemoryStore(Store):
                 out.append(k in self._data)
         return out
 
+    # --- writes: reserve under the lock, fill outside it, publish under it ----------------
+
     def put_batch(self, keys: Sequence[str], buffers: Sequence[ByteBuffer]) -> list[Outcome]:
         check_batch(keys, buffers)
         srcs = [as_bytes_array(b) for b in buffers]
-        with self._lock:
-            return [self._put_one(k, s) for k, s in zip(keys, srcs, strict=True)]
+        return self.write_batch(keys, [s.nbytes for s in srcs],
+                                lambda i, out: np.copyto(out, srcs[i]))
 
-    def _put_one(self, key: str, src: np.ndarray) -> Outcome:
+    def write_batch(self, keys: Sequence[str], sizes: Sequence[int], produce: Produce,
+                    staging: np.ndarray | None = None) -> list[Outcome]:
+        """One pass: ``produce`` writes each new value straight into the store's own array."""
+        check_batch(keys, sizes)
+        with self._lock:
+            outs = [self._reserve(k, n) for k, n in zip(keys, sizes, strict=True)]
+            mine = [(i, self._filling[keys[i]]) for i, o in enumerate(outs) if o is None]
+        done: list[int] = []
+        try:
+            for i, arr in mine:
+                produce(i, arr)
+                done.append(i)
+        finally:
+            with self._lock:
+                for i, arr in mine:
+                    del self._filling[keys[i]]
+                    if i in done and not self._closed:
+                        self._data[keys[i]] = arr
+                        outs[i] = Outcome.success(arr.nbytes)
+                    else:  # produce raised (or the store closed): the reservation is undone
+                        if not self._closed:
+                            self._release(arr)
+                        outs[i] = Outcome.error(message=_CLOSED if self._closed else
+                                                "value could not be produced")
+        return outs  # type: ignore[return-value]
+
+    def _reserve(self, key: str, n: int) -> Outcome | None:
+        """Reserve ``n`` bytes for ``key`` (None: reserved, fill it) or answer why not."""
         if self._closed:
             return Outcome.error(message=_CLOSED)
         forced = self.faults.next("put")
         if forced is not None:
             return forced
-        if key in self._data:
-            return Outcome.exists()
-        n = src.nbytes
+        if key in self._data or key in self._filling:
+            return Outcome.exists()  # write-once; equal keys hold equal bytes
         if n > self.capacity_bytes:
             return Outcome.too_large(message=f"{n} bytes > capacity {self.capacity_bytes}")
         while self._used + n > self.capacity_bytes:
@@ -138,15 +172,15 @@ class MemoryStore(Store):
                                     f"{self.capacity_bytes}")
             _, old = self._data.popitem(last=False)
             self._release(old)
-        dst = self._allocate(n)
-        _copy(dst, src)
-        self._data[key] = dst
+        self._filling[key] = self._allocate(n)
         self._used += n
-        return Outcome.success(n)
+        return None
 
     def _release(self, arr: np.ndarray) -> None:
-        """A value leaves the store: keep its array for reuse."""
+        """A value leaves the store: keep its array for reuse (unless a reader holds it)."""
         self._used -= arr.nbytes
+        if id(arr) in self._leases:
+            return  # the reader keeps it alive; it is garbage once the read ends
         self._pool.setdefault(arr.nbytes, []).append(arr)
         self._pooled += arr.nbytes
 
@@ -167,29 +201,68 @@ class MemoryStore(Store):
                 del self._pool[size]
         return np.empty(n, np.uint8)
 
+    # --- reads: lease under the lock, copy outside it ------------------------------------
+
     def get_batch(self, keys: Sequence[str], buffers: Sequence[ByteBuffer]) -> list[Outcome]:
         check_batch(keys, buffers)
         dsts = [as_bytes_array(b, writable=True) for b in buffers]
         with self._lock:
-            return [self._get_one(k, d) for k, d in zip(keys, dsts, strict=True)]
+            found = [self._lease(k, d.nbytes) for k, d in zip(keys, dsts, strict=True)]
+        try:
+            for (_, val), dst in zip(found, dsts, strict=True):
+                if val is not None:
+                    np.copyto(dst, val)
+        finally:
+            self._unlease([val for _, val in found])
+        return [out for out, _ in found]
 
-    def _get_one(self, key: str, dst: np.ndarray) -> Outcome:
+    def read_batch(self, keys: Sequence[str], sizes: Sequence[int], consume: Consume,
+                   staging: np.ndarray | None = None) -> list[Outcome]:
+        """One pass: ``consume`` reads the store's own arrays (read-only views), only when
+        every key is OK."""
+        check_batch(keys, sizes)
+        with self._lock:
+            found = [self._lease(k, n) for k, n in zip(keys, sizes, strict=True)]
+        vals = [val for _, val in found]
+        try:
+            if found and all(val is not None for val in vals):
+                views = []
+                for val in vals:
+                    v = val.view()
+                    v.flags.writeable = False
+                    views.append(v)
+                consume(views)
+        finally:
+            self._unlease(vals)
+        return [out for out, _ in found]
+
+    def _lease(self, key: str, n: int) -> tuple[Outcome, np.ndarray | None]:
         if self._closed:
-            return Outcome.error(message=_CLOSED)
+            return Outcome.error(message=_CLOSED), None
         forced = self.faults.next("get")
         if forced is not None:
-            return forced
+            return forced, None
         val = self._data.get(key)
         if val is None:
-            return Outcome.miss()
-        if val.nbytes > dst.nbytes:
-            return Outcome.too_large(message=f"stored {val.nbytes} bytes > buffer {dst.nbytes}")
-        if val.nbytes != dst.nbytes:
-            return Outcome.error(message=f"size mismatch: stored {val.nbytes}, "
-                                 f"buffer {dst.nbytes}")
-        _copy(dst, val)
+            return Outcome.miss(), None
+        if val.nbytes > n:
+            return Outcome.too_large(message=f"stored {val.nbytes} bytes > buffer {n}"), None
+        if val.nbytes != n:
+            return Outcome.error(message=f"size mismatch: stored {val.nbytes}, buffer {n}"), None
         self._data.move_to_end(key)  # a read refreshes recency, like a Mooncake lease
-        return Outcome.success(val.nbytes)
+        self._leases[id(val)] = self._leases.get(id(val), 0) + 1
+        return Outcome.success(val.nbytes), val
+
+    def _unlease(self, vals: Sequence[np.ndarray | None]) -> None:
+        with self._lock:
+            for val in vals:
+                if val is None:
+                    continue
+                left = self._leases[id(val)] - 1
+                if left:
+                    self._leases[id(val)] = left
+                else:
+                    del self._leases[id(val)]
 
     def remove(self, keys: Sequence[str]) -> int:
         with self._lock:

@@ -31,3 +31,49 @@ def test_reference_matches_vllm_on_generated_traces(data: st.DataObject) -> None
     except LockstepDivergence as e:
         path = write_case(e.doc, OUT / "reference_vs_vllm.json")
         raise AssertionError(f"{e} (shrunk trace written to {path})") from None
+
+
+@pytest.mark.skipif(not available("reference"), reason="tailproof.reference is not importable")
+@settings(max_examples=max(1, EXAMPLES // 10), deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(st.data())
+def test_reference_matches_vllm_with_junction_checkpoint(data: st.DataObject) -> None:
+    """The same with ``enable_mamba_shared_prefix_checkpoint`` on and EAGLE flagged on the
+    Mamba groups: junction stops and junction keys, as vLLM 0.33 makes them."""
+    try:
+        data.draw(lockstep_trace(["reference", "vllm"], junction_checkpoint=True))
+    except LockstepDivergence as e:
+        path = write_case(e.doc, OUT / "reference_vs_vllm_junction.json")
+        raise AssertionError(f"{e} (shrunk trace written to {path})") from None
+
+
+def test_generated_traces_cover_every_core_op(capsys: pytest.CaptureFixture[str]) -> None:
+    """The core generator's fixed budget reaches every core op and the new fields (drafts,
+    rollback); the coverage count is printed."""
+    from collections import Counter
+
+    from hypothesis import Phase
+
+    from tailproof.conformance.ops import CORE_OPS
+
+    coverage: Counter[str] = Counter()
+
+    @settings(max_examples=60, derandomize=True, database=None, deadline=None,
+              phases=[Phase.generate], suppress_health_check=list(HealthCheck))
+    @given(st.data())
+    def draw(data: st.DataObject) -> None:
+        run = data.draw(lockstep_trace(["reference"]))
+        coverage.update(o["op"] for o in run.ops)
+        coverage.update("plan_chunk.drafts" for o in run.ops if o.get("drafts"))
+        coverage.update("rollback.rejected" for o in run.ops
+                        if o["op"] == "rollback" and o["n"])
+        coverage.update("allocate.delay_cache" for o in run.ops if o.get("delay_cache"))
+
+    draw()
+    with capsys.disabled():
+        print("\ncore generator op coverage over 60 traces: "
+              + ", ".join(f"{k}={v}" for k, v in sorted(coverage.items())))
+    # set_in_flight, truncate, reset and table are written by cases, not the generator
+    wanted = set(CORE_OPS) - {"set_in_flight", "truncate", "reset", "table"}
+    assert wanted | {"plan_chunk.drafts", "rollback.rejected", "allocate.delay_cache"} \
+        <= set(coverage)

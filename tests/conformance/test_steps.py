@@ -89,3 +89,12 @@ def test_core_case_scripts_write_the_stored_corpus() -> None:
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stderr.count("same as stored") == 33
+
+
+def test_junction_case_scripts_write_the_stored_corpus() -> None:
+    """The core_j cases are recorded from vLLM while authored (reference in lockstep); their
+    scripts still produce the stored files, expectations included."""
+    out = subprocess.run([sys.executable, "scripts/author_junction_cases.py", "--check"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.count("same as stored") == 9

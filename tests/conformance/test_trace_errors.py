@@ -48,6 +48,9 @@ CASES = {
                       "unknown field"),
     "missing_field": (lambda d: d["ops"].append({"op": "truncate", "rid": "a"}), "ops[2].n",
                       "required"),
+    "unitary_finer_hash": (lambda d: d["config"].update(
+        groups=[{"kind": "full_attention", "block_size": 8}]), "config.hash_block_size",
+        "one group"),
 }
 
 
@@ -104,3 +107,30 @@ def test_request_id_reuse_needs_free() -> None:
         parse_trace(doc)
     doc["ops"].insert(2, {"op": "free", "rid": "a"})
     assert parse_trace(doc).ops[-1]["rid"] == "a"
+
+
+def _step_order_doc(commit_after_worker: bool) -> dict[str, Any]:
+    """A connector step where ``a`` is allocated and ``b``'s allocation (b cannot fit) is never
+    committed; a worker runs after the commit of ``a`` or, when ``commit_after_worker``,
+    before it."""
+    doc = copy.deepcopy(GOOD)
+    doc["config"]["connector"] = {"role": "producer", "num_workers": 1}
+    doc["ops"] = [{"op": "add_request", "rid": "a", "tokens": [1, 2, 3, 4, 5]},
+                  {"op": "add_request", "rid": "b", "tokens": [9] * 40},
+                  {"op": "new_step"},
+                  {"op": "allocate", "rid": "a", "n": 5},
+                  {"op": "allocate", "rid": "b", "n": 40},
+                  {"op": "conn_step"}]
+    tail = [{"op": "commit", "rid": "a"}, {"op": "worker_run"}]
+    doc["ops"] += tail[::-1] if commit_after_worker else tail
+    return doc
+
+
+def test_step_order_failed_allocation_is_not_awaited() -> None:
+    """A request whose allocation failed is never committed: a worker may run after the
+    step's commits (a generated trace with a failed admission loads)."""
+    from tailproof.conformance.trace import TraceError, parse_trace
+
+    parse_trace(_step_order_doc(commit_after_worker=False))
+    with pytest.raises(TraceError, match=r"ops\[6\]\.op: worker_run before the commit of 'a'"):
+        parse_trace(_step_order_doc(commit_after_worker=True))

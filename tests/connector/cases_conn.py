@@ -586,8 +586,36 @@ def external_mamba_admission_undercount() -> Case:
     return c
 
 
+def junction_state_stored() -> Case:
+    c = case("conn_junction_state_stored",
+             "vLLM 0.33's shared-prefix junction on the store path: with "
+             "enable_mamba_shared_prefix_checkpoint and EAGLE flagged on the Mamba group (no "
+             "block drop), B shares 22 tokens with A (FA 4 + Mamba 16, h 4): its lookup hits 0 "
+             "with junction 20, its first chunk stops at 20 and keys the Mamba state there; the "
+             "running CoW hands the junction state off as a tail and the connector stores it "
+             "with the step's saves (MooncakeStoreScheduler._handle_boundary_state_offloads). A "
+             "third prompt sharing the same 22 tokens then finds the junction in the store.",
+             author.config([(FA, 4), (M, 16, True)], 4, 64,
+                           enable_mamba_shared_prefix_checkpoint=True,
+                           connector={"role": "producer"}))
+    c.add("A", [rng(0, 40)])
+    c.step(admit=("A",))
+    c.step(run=("A",))
+    c.step(run=("A",))
+    c.add("B", [of("A", 22), rng(200, 218)])
+    c.step(admit=("B",))
+    c.step(run=("B",))
+    c.step(run=("B",))
+    c.op("worker_run")
+    c.op("worker_report")
+    c.op("store_keys")
+    c.add("C", [of("A", 22), rng(300, 318)])
+    c.op("store_lookup", rid="C")
+    return c
+
+
 ALL: list[Callable[[], Case]] = [
-    subblock_tail_reads_cow_target, smaller_group_tail_puts,
+    subblock_tail_reads_cow_target, smaller_group_tail_puts, junction_state_stored,
     null_and_mamba_never_saved_positionally, pressure_gate, failed_boundary_put_stays_absent,
     mixed_codes_partial_batch, pins_survive_preemption, request_id_reuse,
     two_workers_release_last, finish_handoff_pinned_before_cleanup,

@@ -31,6 +31,9 @@ GEOMETRIES: list[Geometry] = [
     ([(FA, 16, True), (M, 16, False)], 4, True),
     ([(FA, 8, False), (M, 8, False), (M, 8, False)], 4, False),
     ([(FA, 8, False), (M, 8, False)], 8, False),  # partial hits off
+    ([(FA, 8, False), (M, 8, False)], 4, True),  # EAGLE, no group flagged: every group EAGLE
+    ([(FA, 4, True), (FA, 8, False), (M, 8, False)], 4, True),  # EAGLE on one FA group of two
+    ([(FA, 16, False), (M, 8, False)], 8, False),  # h = Mamba block < lcm
 ]
 SCRIPT_ENTRIES: list[Any] = ["ok", "ok", "ok", "full", "error", "raise", ["ok", "full"]]
 RUNNING_ACTIONS = ["run", "run", "decode", "finish", "preempt", "idle"]
@@ -54,7 +57,8 @@ class _ConnectorScript:
         self.steps.begin()
         ok = [rid for rid in list(self.running) if self.continue_running(rid)]
         ok += [rid for rid in list(self.waiting) if self.admit(rid)]
-        self.steps.end(ok, finished=self.finished, preempted=self.preempted)
+        self.steps.end(ok, finished=self.finished, preempted=self.preempted,
+                       offer=self.foreign_offer(ok))
         self.finished, self.preempted = [], []
         self.run_workers()
         self.touch_store()
@@ -94,6 +98,17 @@ class _ConnectorScript:
         self.waiting.remove(rid)
         self.running.append(rid)
         return True
+
+    def foreign_offer(self, ok: list[str]) -> list[list[Any]]:
+        """Sometimes a hand-off the core never produces (an attention-group block or the
+        null block) for ``conn_step.offer``: the connector must refuse it."""
+        if not ok or self.draw(st.integers(0, 3)) != 0:
+            return []
+        rid = self.draw(st.sampled_from(ok))
+        table = self.run.drivers[0].core.table(rid)
+        g = self.draw(st.integers(0, self.num_groups - 1))
+        blk = table[g][-1] if table[g] and self.draw(st.booleans()) else 0
+        return [[rid, g, self.h * self.draw(st.integers(1, 4)), blk]]
 
     def run_workers(self) -> None:
         """Each worker runs some queued jobs with scripted put outcomes; sometimes report."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from strategies import ConnectorDivergence, Run, connector_trace  # noqa: E402
 
+from tailproof.conformance.connector_ops import CONNECTOR_OPS  # noqa: E402
 from tailproof.conformance.generate import write_case  # noqa: E402
 
 FAILURES = Path(__file__).resolve().parent / "failures"
@@ -30,12 +32,16 @@ def _check(examples: int, name: str) -> list[int]:
     """Run ``examples`` traces; returns [traces, ops]; writes the shrunk divergence, if any."""
     seen = [0, 0]
 
+    coverage: Counter[str] = Counter()
+
     @settings(max_examples=examples, deadline=None, database=None,
               suppress_health_check=list(HealthCheck))
     @given(connector_trace())
     def run(r: Run) -> None:
         seen[0] += 1
         seen[1] += len(r.ops)
+        coverage.update(op["op"] for op in r.ops)
+        coverage.update("conn_step.offer" for op in r.ops if op.get("offer"))
         # I14 liveness: once every worker ran its queue and reported, no job holds a pin, and
         # every block still referenced is referenced by a request table (snapshot refcounts
         # are then exactly the tables' multiplicities, checked by the core's own tests).
@@ -44,6 +50,11 @@ def _check(examples: int, name: str) -> list[int]:
 
     try:
         run()
+        print(f"\n{name}: op coverage over {seen[0]} traces: "
+              + ", ".join(f"{k}={v}" for k, v in sorted(coverage.items())))
+        missing = sorted(set(CONNECTOR_OPS) - set(coverage) - {"store_seed", "store_remove",
+                                                               "store_keys"})
+        assert examples < 100 or (not missing and coverage["conn_step.offer"]), missing
     except ConnectorDivergence as e:
         path = write_case(e.doc, FAILURES / f"{name}.json")
         raise AssertionError(f"{e}\nminimal trace ({len(e.doc['ops'])} ops): {path}") from None

@@ -103,7 +103,8 @@ def test_connector_ops_are_merged_into_the_vocabulary() -> None:
                 {"op": "conn_step"}, {"op": "worker_run", "store": ["full"]},
                 {"op": "store_lookup", "rid": "A"}]}
     ops = parse_trace(doc).ops
-    assert ops[1] == {"op": "conn_step", "scheduled": None, "finished": [], "preempted": []}
+    assert ops[1] == {"op": "conn_step", "scheduled": None, "finished": [], "preempted": [],
+                      "offer": []}
     doc["ops"].append({"op": "worker_run", "bogus": 1})
     with pytest.raises(TraceError, match="unknown field"):
         parse_trace(doc)

@@ -7,7 +7,13 @@ is played by hand is the GPU worker's side of each step, in the order of vLLM's
 ``KVConnectorModelRunnerMixin``: apply the step's CoW copies, bind the metadata, "forward"
 (``SimRunner`` writes prefix-derived bytes), ``start_load_kv``, ``wait_for_save``, transfer
 results, load errors, stats, worker metadata; outputs of all workers are combined with vLLM's
-``KVOutputAggregator``. Every load is checked byte for byte right after it ran.
+``KVOutputAggregator``. Every load is checked byte for byte when its worker reports it finished
+(and a synchronous one right after ``start_load_kv``).
+
+Loads and store jobs run on the connector's background threads. ``settle=True`` (the default)
+waits for them at the end of each worker step, so a test sees the same steps every run;
+``settle=False`` lets them run free (the stress tests), and :meth:`Engine.run` then only waits
+when a step had nothing to schedule.
 """
 
 from __future__ import annotations
@@ -35,14 +41,16 @@ class StepLog:
     copies: list[tuple[int, int]] = field(default_factory=list)
     byte_errors: list[str] = field(default_factory=list)
     finished: list[str] = field(default_factory=list)
+    worker_stats: list[dict[str, Any]] = field(default_factory=list)  # each worker's counters
+    preempted: list[str] = field(default_factory=list)
 
 
-_BASE_CONFIG: dict[str, Any] = {}
+_BASE_CONFIG: dict[int, Any] = {}  # ModelConfig per max_model_len
 
 
 def vllm_config(extra: dict[str, Any], kv_role: str = "kv_both", h: int = 4,
                 block_size: int = 16, max_batched: int = 2048,
-                failure_policy: str = "recompute") -> Any:
+                failure_policy: str = "recompute", max_model_len: int = 4096) -> Any:
     """A CPU ``VllmConfig`` for the tiny hybrid model with the Tailproof connector."""
     from vllm.config import (
         CacheConfig,
@@ -54,10 +62,10 @@ def vllm_config(extra: dict[str, Any], kv_role: str = "kv_both", h: int = 4,
     )
 
     tiny_hybrid.register()
-    if "model" not in _BASE_CONFIG:
-        _BASE_CONFIG["model"] = ModelConfig(
+    if max_model_len not in _BASE_CONFIG:
+        _BASE_CONFIG[max_model_len] = ModelConfig(
             model=str(tiny_hybrid.MODEL_DIR), skip_tokenizer_init=True, dtype="float32",
-            max_model_len=4096)
+            max_model_len=max_model_len)
     cc = CacheConfig(block_size=block_size, enable_prefix_caching=True,
                      mamba_cache_mode="align", prefix_match_unit=h)
     kt = KVTransferConfig(kv_connector="TailproofConnector",
@@ -65,8 +73,8 @@ def vllm_config(extra: dict[str, Any], kv_role: str = "kv_both", h: int = 4,
                           kv_role=kv_role, kv_connector_extra_config=dict(extra),
                           kv_load_failure_policy=failure_policy)
     sc = SchedulerConfig(max_num_batched_tokens=max_batched, max_num_seqs=16,
-                         max_model_len=4096, is_encoder_decoder=False)
-    return VllmConfig(model_config=_BASE_CONFIG["model"], cache_config=cc,
+                         max_model_len=max_model_len, is_encoder_decoder=False)
+    return VllmConfig(model_config=_BASE_CONFIG[max_model_len], cache_config=cc,
                       device_config=DeviceConfig("cpu"), kv_transfer_config=kt,
                       scheduler_config=sc)
 
@@ -104,7 +112,8 @@ class Engine:
     def __init__(self, extra: dict[str, Any] | None = None, *, num_blocks: int = 64,
                  groups: tuple[tuple[str, int], ...] = GROUPS, h: int = 4,
                  num_workers: int = 1, kv_role: str = "kv_both", max_batched: int = 2048,
-                 failure_policy: str = "recompute"):
+                 failure_policy: str = "recompute", settle: bool = True,
+                 max_model_len: int = 4096):
         from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
         from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
         from vllm.utils.hashing import sha256
@@ -117,10 +126,11 @@ class Engine:
         from tailproof.spec.arithmetic import lcm_all
 
         init_none_hash(sha256)
+        self.settle = settle
         self.h = h
         self.groups = groups
         self.vc = vllm_config(extra or {"store": "memory"}, kv_role, h, min(b for _, b in groups),
-                              max_batched, failure_policy)
+                              max_batched, failure_policy, max_model_len)
         self.vc.cache_config.num_gpu_blocks = num_blocks
         self.kvc = kv_cache_config(num_blocks, groups, h)
         lcm = lcm_all([b for _, b in groups])
@@ -140,6 +150,7 @@ class Engine:
             wc.register_kv_caches(runner.kv)
             self.workers.append((wc, runner))
         self.agg = KVOutputAggregator(num_workers)
+        self.loading: list[dict[str, Any]] = [{} for _ in range(num_workers)]  # rid -> LoadJob
         self.log: list[StepLog] = []
         self._n = 0
 
@@ -158,7 +169,8 @@ class Engine:
         self.sched.add_request(req)
         return req
 
-    def next_token(self, req: Any) -> int:
+    @staticmethod
+    def next_token(req: Any) -> int:
         """Deterministic 'sampling': a function of the sequence so far."""
         return 1000 + (sum(req.all_token_ids) * 31 + len(req.all_token_ids)) % 997
 
@@ -171,9 +183,12 @@ class Engine:
         meta = so.kv_connector_metadata
         log = StepLog(dict(so.num_scheduled_tokens), list(meta.loads), list(meta.stores),
                       [(c.src_block_id, c.dst_block_id) for c in so.kv_cache_block_copies or ()])
+        log.preempted = sorted(so.preempted_req_ids or ())
         reqs = self.sched.requests
         outs = []
-        for wc, runner in self.workers:
+        for w, (wc, runner) in enumerate(self.workers):
+            assert not set(so.num_scheduled_tokens) & set(self.loading[w]), (
+                "a request was scheduled before its load finished")
             runner.copy_blocks(log.copies)
             wc.bind_connector_metadata(meta)
             for rid, n in so.num_scheduled_tokens.items():
@@ -183,22 +198,28 @@ class Engine:
                 runner.forward(rid, req.all_token_ids, end - n, end, tables)
             wc.start_load_kv(None)
             ws = wc.worker_side
-            for job in meta.loads:  # byte check of every load this worker completed
-                failed_sync = not job.is_async and any(
-                    b in ws.load_error_blocks for g in job.block_ids for b in g)
-                if job.req_id in ws.failed_recving or failed_sync:
-                    continue  # failed closed: nothing was written, vLLM recomputes
-                req = reqs[job.req_id]
-                start = job.vllm_cached_tokens // self.sched.block_size * self.sched.block_size
-                log.byte_errors += runner.check(job.req_id, req.all_token_ids, start,
-                                                job.kvpool_cached_tokens, job.block_ids)
+            for job in meta.loads:
+                if job.is_async:
+                    self.loading[w][job.req_id] = job
+                    continue
+                failed_sync = any(b in ws.load_error_blocks for g in job.block_ids for b in g)
+                if not failed_sync:  # a sync load fed this step's forward: check it now
+                    self._check_load(runner, job, log)
             wc.wait_for_save()
+            if self.settle:
+                assert ws.wait_idle(60.0), "background store jobs did not finish"
             res = wc.get_transfer_results(so.finished_req_ids)
+            stats = wc.get_kv_connector_stats()
+            log.worker_stats.append(dict(stats.data) if stats is not None else {})
+            for rid in res.finished_recving or ():
+                job = self.loading[w].pop(rid)
+                if rid not in (res.failed_recving or ()):  # failed closed: nothing to check
+                    self._check_load(runner, job, log)
             kvo = KVConnectorOutput(
                 finished_sending=res.finished_sending, finished_recving=res.finished_recving,
                 failed_recving=res.failed_recving,
                 invalid_block_ids=wc.get_block_ids_with_load_errors(),
-                kv_connector_stats=wc.get_kv_connector_stats(),
+                kv_connector_stats=stats,
                 kv_connector_worker_meta=wc.build_connector_worker_meta())
             wc.clear_connector_metadata()
             rids = list(so.num_scheduled_tokens)
@@ -217,6 +238,13 @@ class Engine:
         self.log.append(log)
         return log
 
+    def _check_load(self, runner: Any, job: Any, log: StepLog) -> None:
+        """The loaded blocks hold exactly the KV of the request's prefix."""
+        req = self.sched.requests[job.req_id]
+        start = job.vllm_cached_tokens // self.sched.block_size * self.sched.block_size
+        log.byte_errors += runner.check(job.req_id, req.all_token_ids, start,
+                                        job.kvpool_cached_tokens, job.block_ids)
+
     def run(self, max_steps: int = 50) -> list[StepLog]:
         """Step until no request is left and every store job reported (pins released)."""
         logs = []
@@ -224,7 +252,13 @@ class Engine:
             if not self.sched.has_requests() and not self.conn.has_pending_push_work():
                 break
             logs.append(self.step())
+            if not logs[-1].scheduled:
+                self.wait_workers(0.05)  # nothing to compute: let background jobs progress
         return logs
+
+    def wait_workers(self, timeout: float | None = None) -> bool:
+        """Wait until every worker's loads and store jobs finished."""
+        return all(wc.worker_side.wait_idle(timeout) for wc, _ in self.workers)
 
     # ------------------------------------------------------------------ inspection
 

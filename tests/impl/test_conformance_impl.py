@@ -73,10 +73,10 @@ def test_byte_check_catches_wrong_block(store_env: dict[str, Any],
     """Reading the neighbouring block (a wrong offset) is caught at put time."""
     from tailproof.impl.kv_layout import KVLayout
 
-    orig = KVLayout.gather
-    monkeypatch.setattr(KVLayout, "gather",
-                        lambda self, g, ids: orig(self, g, [(b % (self.num_blocks - 1)) + 1
-                                                           for b in ids]))
+    orig = KVLayout.read_block
+    monkeypatch.setattr(KVLayout, "read_block",
+                        lambda self, g, b, out: orig(self, g, (b % (self.num_blocks - 1)) + 1,
+                                                     out))
     divs = _divergences(CONN_CASES[:10], store_env)
     assert any("KVByteMismatch" in d for d in divs), divs
 

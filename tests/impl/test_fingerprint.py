@@ -109,13 +109,16 @@ def _save_then_load(fp_writer: Fingerprint, fp_reader: Fingerprint) -> tuple[boo
     w.wait_for_save(TailproofMeta(stores=[StoreJob(
         store_job_id=0, req_id="A", token_len_chunk=32, block_ids=tables, block_hashes=HASHES,
         boundary_puts=[BoundaryPut(0, 3, 44), BoundaryPut(1, 6, 44)])]))
+    assert w.wait_idle(30.0)  # the put runs off the step, on the sender thread
     r, rrun = _worker(store, fp_reader)
     ctab = ([7, 8, 9], [0, 0, 10])
     before = {k: v.clone() for k, v in rrun.kv.items() if isinstance(v, torch.Tensor)}
     load = LoadJob(req_id="B", block_ids=ctab, block_hashes=HASHES, vllm_cached_tokens=0,
                    kvpool_cached_tokens=44,
                    tail_key_boundaries=(TailKeyBoundary(0, 44), TailKeyBoundary(1, 44)))
-    ok = r.start_load(TailproofMeta(loads=[load]))["B"]
+    r.start_load(TailproofMeta(loads=[load]))
+    assert r.wait_idle(30.0)
+    ok = r.load_ok.pop("B")
     return ok, (r, rrun, ctab), before
 
 

@@ -38,12 +38,15 @@ def save(w: WorkerSide, runner: SimRunner, job: int = 0) -> None:
     w.wait_for_save(TailproofMeta(stores=[StoreJob(
         store_job_id=job, req_id="A", token_len_chunk=32, block_ids=TABLES, block_hashes=HASHES,
         boundary_puts=PUTS)]))
+    assert w.wait_idle(30.0)  # the put runs off the step, on the sender thread
     w.close_ended_store_requests({"A"}, set())
 
 
 def load(w: WorkerSide, runner: SimRunner) -> tuple[bool, dict[str, torch.Tensor]]:
     before = {k: v.clone() for k, v in runner.kv.items() if isinstance(v, torch.Tensor)}
-    ok = w.start_load(TailproofMeta(loads=[LOAD_B]))["B"]
+    w.start_load(TailproofMeta(loads=[LOAD_B]))
+    assert w.wait_idle(30.0)  # the load runs on the receiver thread
+    ok = w.load_ok.pop("B")
     w.take_transfer_results()
     return ok, before
 

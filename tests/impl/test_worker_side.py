@@ -20,6 +20,11 @@ from tailproof.impl.stores import MemoryStore, Outcome, Status
 from tailproof.impl.worker_side import WorkerSide
 
 
+def settle(w: WorkerSide) -> None:
+    """Wait for the worker's background loads and store jobs (they run off the step)."""
+    assert w.wait_idle(30.0)
+
+
 def make_worker(store: MemoryStore, rank: int = 0, world: int = 1, device: str = "cpu",
                 **kw: int) -> tuple[WorkerSide, SimRunner]:
     runner = SimRunner(SHAPES, NB, rank=rank, device=device)
@@ -69,6 +74,7 @@ def produce(w: WorkerSide, runner: SimRunner, rid: str, end: int, tables: tuple[
     runner.forward(rid, TOKENS, 0, end, tables)
     w.wait_for_save(TailproofMeta(stores=[
         save(job, rid, token_len, tables, HASHES, puts)]))
+    settle(w)
 
 
 def test_save_then_load_is_byte_exact_and_reports_jobs() -> None:
@@ -86,6 +92,7 @@ def test_save_then_load_is_byte_exact_and_reports_jobs() -> None:
     w2, r2 = make_worker(store)
     ctab = ([7, 8, 9], [0, 0, 10])
     w2.start_load(TailproofMeta(loads=[load_b(ctab)]))
+    settle(w2)
     assert w2.take_transfer_results() == ({"B"}, set())
     assert r2.check("B", TOKENS, 0, 44, ctab) == []
 
@@ -101,9 +108,11 @@ def test_load_reads_cow_target_not_source() -> None:
     runner.forward("A", TOKENS, 44, 45, tables)  # source 6 moves on to state@45
     w.wait_for_save(TailproofMeta(stores=[save(
         0, "A", 32, tables, HASHES, [BoundaryPut(0, 3, 44), BoundaryPut(1, 12, 44)])]))
+    settle(w)
     w2, r2 = make_worker(store)
     ctab = ([7, 8, 9], [0, 0, 10])
     w2.start_load(TailproofMeta(loads=[load_b(ctab)]))
+    settle(w2)
     assert w2.take_transfer_results() == ({"B"}, set())
     assert r2.check("B", TOKENS, 0, 44, ctab) == []
     # The same put from the source block would be detected.
@@ -112,8 +121,10 @@ def test_load_reads_cow_target_not_source() -> None:
     r3.forward("A", TOKENS, 0, 45, tables)
     w3.wait_for_save(TailproofMeta(stores=[save(
         0, "A", 32, tables, HASHES, [BoundaryPut(0, 3, 44), BoundaryPut(1, 6, 44)])]))
+    settle(w3)
     w4, r4 = make_worker(store2)
     w4.start_load(TailproofMeta(loads=[load_b(ctab)]))
+    settle(w4)
     assert w4.take_transfer_results() == ({"B"}, set())
     assert r4.check("B", TOKENS, 0, 44, ctab) != []
 
@@ -128,6 +139,7 @@ def test_failed_get_fails_closed(status: Status) -> None:
     ctab = ([7, 8, 9], [0, 0, 10])
     store.faults.script("get", [None, Outcome(status)])
     w2.start_load(TailproofMeta(loads=[load_b(ctab)]))
+    settle(w2)
     done, failed = w2.take_transfer_results()
     assert done == {"B"} and failed == {"B"}
     # Nothing was scattered: the blocks still hold zeros, never partial KV.
@@ -144,16 +156,20 @@ def test_pressure_gate_skips_then_clears() -> None:
     store.faults.script("put", [Outcome.full(-200)])
     job = save(0, "A", 32, tables, HASHES, [])
     w.wait_for_save(TailproofMeta(stores=[job]))
+    settle(w)
     assert w.gate.store_pressure_active and w.gate.skip_store_requests == {"A"}
     assert w.saved_offset.get("A") is None
     puts_before = w.metrics.c.get("put_keys")
     w.wait_for_save(TailproofMeta(stores=[save(1, "A", 48, tables, HASHES, [])]))
+    settle(w)
     assert w.metrics.c.get("put_keys") == puts_before  # skipped: zero puts
     assert w.metrics.c.get("jobs_skipped_pressure") == 1
     hb = [bytes([200 + i]) * 8 for i in range(12)]
     w.wait_for_save(TailproofMeta(stores=[save(2, "B", 48, ([4, 5, 6], [0, 0, 9]), hb, [])]))
+    settle(w)
     assert not w.gate.store_pressure_active and not w.gate.skip_store_requests
     w.wait_for_save(TailproofMeta(stores=[save(3, "A", 48, tables, HASHES, [])]))
+    settle(w)
     assert w.saved_offset["A"] == 48  # resumed from offset 0
     assert w.build_connector_worker_meta().completed_saves == {0: 1, 1: 1, 2: 1, 3: 1}
 
@@ -166,6 +182,7 @@ def test_failed_boundary_put_skips_normal_save() -> None:
     store.faults.script("put", [Outcome.error()])
     w.wait_for_save(TailproofMeta(stores=[save(0, "A", 32, tables, HASHES,
                                                    [BoundaryPut(1, 6, 44)])]))
+    settle(w)
     assert w.saved_offset.get("A") is None and not store._data
     assert w.build_connector_worker_meta().completed_saves == {0: 1}
 
@@ -181,6 +198,7 @@ def test_two_ranks_store_their_own_shards() -> None:
         w, r = make_worker(store, rank=rank, world=2)
         ctab = ([7, 8, 9], [0, 0, 10])
         w.start_load(TailproofMeta(loads=[load_b(ctab)]))
+        settle(w)
         assert w.take_transfer_results() == ({"B"}, set())
         assert r.check("B", TOKENS, 0, 44, ctab) == []
 
@@ -194,23 +212,31 @@ def test_small_staging_buffer_puts_in_batches() -> None:
     # Re-saving stores nothing new (keys exist) and still succeeds.
     w.saved_offset.clear()
     w.wait_for_save(TailproofMeta(stores=[save(1, "A", 48, tables, HASHES, [])]))
+    settle(w)
     assert w.metrics.c.get("put_keys") == 3
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="no CUDA GPU: the CUDA data path (pinned staging, step event) needs one")
 def test_cuda_kv_roundtrip_with_pinned_staging() -> None:
-    """KV tensors on the GPU: pinned staging buffer, event sync before reading, scatter back."""
+    """KV tensors on the GPU: pinned staging pool, the step's event orders the sender's
+    device-to-host copies after the forward and CoW copies, loads copied back on the copy
+    stream; byte-exact both ways."""
     store = MemoryStore()
     w, runner = make_worker(store, device="cuda")
-    assert w.staging is not None and w.staging.is_pinned()
+    assert w.pool is not None and w.pool.pin and w.copy_stream is not None
+    with w.pool.take(64) as buf:
+        assert buf.is_pinned()  # page-locked: the device-to-host copies run asynchronously
     tables = ([1, 2, 3], [0, 0, 6])
     runner.forward("A", TOKENS, 0, 44, tables)
     runner.copy_blocks([(6, 12)])
     runner.forward("A", TOKENS, 44, 45, tables)
     w.wait_for_save(TailproofMeta(stores=[save(
         0, "A", 32, tables, HASHES, [BoundaryPut(0, 3, 44), BoundaryPut(1, 12, 44)])]))
+    settle(w)
     w2, r2 = make_worker(store, device="cuda")
     ctab = ([7, 8, 9], [0, 0, 10])
     w2.start_load(TailproofMeta(loads=[load_b(ctab)]))
+    settle(w2)
     assert w2.take_transfer_results() == ({"B"}, set())
     assert r2.check("B", TOKENS, 0, 44, ctab) == []

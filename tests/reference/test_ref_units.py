@@ -161,6 +161,45 @@ def test_split_c_series_chunk_ends() -> None:
         assert [sum(got[: i + 1]) for i in range(len(got))] == ends, (bs, h, p)
 
 
+def _junction_geo(flag: bool, eagle: bool, h: int = 16) -> Geometry:
+    return Geometry(groups=(GroupSpec(FA, 1024), GroupSpec(MA, 1024, eagle)), hash_block_size=h,
+                    num_blocks=24, enable_mamba_shared_prefix_checkpoint=flag)
+
+
+def test_junction_flag_takes_effect_only_with_eagle_and_partial_hits() -> None:
+    # KVCacheManager.__init__: flag and an EAGLE group and partial hits (no MTP re-prefill).
+    assert _junction_geo(True, True).mamba_shared_prefix_checkpoint
+    assert not _junction_geo(True, False).mamba_shared_prefix_checkpoint
+    assert not _junction_geo(False, True).mamba_shared_prefix_checkpoint
+    assert not _junction_geo(True, True, h=1024).mamba_shared_prefix_checkpoint
+
+
+def test_split_stops_at_junction_block_floored_or_exact() -> None:
+    # Scheduler._mamba_block_aligned_split: a 4,500-token prompt whose first 4,000 tokens are
+    # cached by attention only (junction 4000). Without the effective flag the stop is the
+    # junction floored to the Mamba block from the chunk start; with it, the junction itself.
+    def first_chunk(g: Geometry, junction: int, start: int = 0) -> int:
+        r = Request("r", list(range(4500)), 16)
+        r.num_computed_tokens = start
+        r.shared_prefix_boundary = junction
+        return start + mamba_block_aligned_split(g, r, 4500 - start)
+
+    off, on = _junction_geo(False, False), _junction_geo(True, True)
+    assert first_chunk(off, 0) == 4096  # no junction: the last cacheable block boundary
+    assert first_chunk(off, 4000) == 3072
+    assert first_chunk(_junction_geo(True, False), 4000) == 3072  # flag narrowed away
+    assert first_chunk(on, 4000) == 4000
+    assert first_chunk(on, 3072) == 3072  # on the grid: the same stop either way
+    assert first_chunk(off, 4000, start=1024) == 3072  # floored from the chunk start
+    assert first_chunk(on, 4000, start=1024) == 4000
+    # A junction past the prompt (a resumed request replaying output): block-floored even
+    # with the flag, since the manager keys nothing past the prompt.
+    r = Request("r", list(range(4500)), 16)
+    r.num_prompt_tokens = 3500
+    r.shared_prefix_boundary = 4000
+    assert mamba_block_aligned_split(on, r, 4500) == 3072
+
+
 def test_no_split_without_mamba() -> None:
     g = geo([(FA, 4), (FA, 8)], 4)
     assert plan_chunk(g, Request("r", [0] * 30, 4), 30) == 30

@@ -1,0 +1,126 @@
+"""The mutation kit over vLLM 0.33's partial-tail code: every mutant still applies to the
+installed vLLM, mutants live only in their forked child, a stale snippet and a hang are
+reported as such, and a fixed sample of mutants is killed by the corpus (so a drop in the
+suite's strength fails CI)."""
+
+from __future__ import annotations
+
+import inspect
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM 0.33 is not installed in this environment")
+pytestmark = pytest.mark.vllm
+
+from tailproof.conformance.cli import corpus_paths, main  # noqa: E402
+from tailproof.conformance.mutate.apply import StaleMutant, mutated_source  # noqa: E402
+from tailproof.conformance.mutate.catalog import BP, MUTANTS, Mutant  # noqa: E402
+from tailproof.conformance.mutate.run import (  # noqa: E402
+    BROKEN,
+    KILLED,
+    STALE,
+    SURVIVED,
+    run_mutants,
+    select,
+)
+from tailproof.conformance.mutate.workload import build_workload  # noqa: E402
+
+#: The fixed CI sample: every k-th mutant of the catalog (the corpus alone, no generated traces).
+CI_SAMPLE = 16
+#: Sample mutants only the generated traces kill today (``tailproof mutate`` runs those too).
+CORPUS_SURVIVORS = {"md-tail-published-twice"}
+
+
+@pytest.fixture(scope="module")
+def corpus_workload():  # noqa: ANN201
+    return build_workload(corpus_paths(), 0, 0)
+
+
+def test_catalog_applies_to_installed_vllm() -> None:
+    assert len(MUTANTS) >= 60
+    assert len({m.id for m in MUTANTS}) == len(MUTANTS)
+    for m in MUTANTS:
+        _, _, _, src = mutated_source(m)  # raises StaleMutant when vLLM moved
+        compile(src, m.id, "exec")
+        assert m.find != m.replace, m.id
+
+
+def test_stale_snippet_is_reported() -> None:
+    m = Mutant("stale-probe", BP, "BlockPool.touch", "no such code", "x", "probe")
+    with pytest.raises(StaleMutant, match="found 0 times"):
+        mutated_source(m)
+
+
+def test_mutants_stay_in_their_child(corpus_workload) -> None:  # noqa: ANN001
+    from vllm.v1.core.block_pool import BlockPool
+
+    before = BlockPool.touch
+    path = Path(inspect.getsourcefile(BlockPool))
+    text = path.read_text()
+    one = [m for m in MUTANTS if m.id == "bp-touch-keeps-in-queue"]
+    report = run_mutants(one, corpus_workload, jobs=1, timeout_s=120)
+    assert report.results[0].status == KILLED
+    assert report.results[0].killed_by["trace"]
+    assert BlockPool.touch is before and path.read_text() == text
+
+
+def test_stale_and_hang_are_classified(corpus_workload) -> None:  # noqa: ANN001
+    stale = Mutant("stale-probe", BP, "BlockPool.touch", "no such code", "x", "probe")
+    hang = Mutant("hang-probe", BP, "BlockPool.get_num_free_blocks",
+                  "return self.free_block_queue.num_free_blocks",
+                  "while True:\n        pass", "an allocator that never answers")
+    broken = Mutant("broken-probe", BP, "BlockPool.touch", "for block in blocks:",
+                    "for block in blocks", "does not compile")
+    report = run_mutants([stale, hang, broken], corpus_workload, jobs=2, timeout_s=8)
+    by_id = {r.id: r for r in report.results}
+    assert by_id["stale-probe"].status == STALE
+    assert by_id["hang-probe"].status == KILLED
+    assert by_id["hang-probe"].killed_by == {"timeout_s": 8}
+    assert by_id["broken-probe"].status == BROKEN
+
+
+def test_fixed_sample_is_killed_by_the_corpus(corpus_workload) -> None:  # noqa: ANN001
+    sample = [m for m in select(sample=CI_SAMPLE) if not m.equivalent]
+    report = run_mutants(sample, corpus_workload, jobs=2, timeout_s=240)
+    assert len(sample) >= CI_SAMPLE - 2
+    survivors = {r.id for r in report.results if r.status != KILLED}
+    lost = sorted(survivors - CORPUS_SURVIVORS)
+    assert not lost, f"the corpus no longer kills: {lost}"
+    assert all(r.status in (KILLED, SURVIVED) for r in report.results)
+
+
+def test_cli_json_and_bad_module(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["mutate", "--module", "no-such-module"]) == 2
+    capsys.readouterr()
+    rc = main(["mutate", "--json", "--mutant", "co-no-clipping", "--generated", "0",
+               "--generated-connector", "0"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0
+    assert out["killed"] == 1 and out["non_equivalent"] == 1
+    assert out["by_module"]["core/kv_cache_coordinator"]["killed"] == 1
+    assert out["mutants"][0]["killed_by"]["trace"]
+    _report_with_mutation_is_valid(out)
+
+
+def _report_with_mutation_is_valid(part: dict[str, object]) -> None:
+    """``check --mutate --json``: the score joins the report as ``mutation`` (schema-valid,
+    its time under ``timings``; a score below the minimum is its own result)."""
+    jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is not installed")
+    from tailproof.conformance import report
+    from tailproof.conformance.vllm_compat import inspect_vllm
+
+    schema = json.loads((Path(report.__file__).parent / "schema" /
+                         "report.schema.json").read_text())
+    for passed in (True, False):
+        mutation = {**part, "min_score": 0.95, "passed": passed}
+        doc = report.document("check", vllm=inspect_vllm(["vllm"]).as_json(),
+                              adapters=["reference"], not_run={}, strict_ids=False,
+                              conformance=report.conformance_part([], 0.0),
+                              proofs=report.proofs_part(None, "--no-prove", False),
+                              findings=[], exit_code=0 if passed else 1, total_seconds=1.0,
+                              mutation=mutation)
+        jsonschema.Draft202012Validator(schema).validate(doc)
+        assert doc["timings"]["mutation_s"] == part["seconds"]
+        assert doc["result"] == ("agreed" if passed else "mutation_below_min")

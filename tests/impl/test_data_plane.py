@@ -1,0 +1,363 @@
+"""The data plane's parts: lanes (order, bound, shutdown, manual drive), one-pass store calls,
+and the worker's promise that the step never waits for the store."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from tailproof.impl.data_plane import Lanes, StagingPool
+from tailproof.impl.meta import BoundaryPut, StoreJob, TailproofMeta
+from tailproof.impl.stores import MemoryStore, Outcome, Status
+
+# --------------------------------------------------------------------------- lanes
+
+
+def test_lanes_keep_per_key_order_and_run_keys_apart() -> None:
+    seen: list[tuple[str, int]] = []
+    lock = threading.Lock()
+
+    def run(job: tuple[str, int]) -> None:
+        time.sleep(0.001 * (job[1] % 3))
+        with lock:
+            seen.append(job)
+
+    lanes: Lanes[tuple[str, int]] = Lanes("t", run, lambda j: None, threads=3, max_queued=100)
+    for i in range(10):
+        for k in ("a", "b", "c"):
+            assert lanes.submit(k, (k, i))
+    assert lanes.wait_idle(10)
+    for k in ("a", "b", "c"):
+        assert [i for kk, i in seen if kk == k] == list(range(10))
+    assert lanes.close() == 0
+
+
+def test_full_lanes_refuse_instead_of_blocking() -> None:
+    gate = threading.Event()
+    lanes: Lanes[int] = Lanes("t", lambda j: gate.wait(10), lambda j: None, max_queued=2)
+    assert lanes.submit("k", 1) and lanes.submit("k", 2)
+    t = time.perf_counter()
+    assert not lanes.submit("k", 3)  # full: answered at once
+    assert time.perf_counter() - t < 0.1
+    gate.set()
+    assert lanes.wait_idle(10) and lanes.submit("k", 4)
+    lanes.close()
+
+
+def test_close_finishes_queued_jobs_or_abandons_them() -> None:
+    ran: list[int] = []
+    abandoned: list[int] = []
+    lanes: Lanes[int] = Lanes("t", ran.append, abandoned.append, max_queued=10)
+    for i in range(5):
+        lanes.submit("k", i)
+    assert lanes.close(timeout=10) == 0 and sorted(ran) == list(range(5)) and not abandoned
+    # A store that never answers: the running job is left to finish, the queued ones are
+    # abandoned (reported by the caller), nothing is lost.
+    stuck = threading.Event()
+    ran2: list[int] = []
+    lanes2: Lanes[int] = Lanes("t", lambda j: (stuck.wait(5), ran2.append(j)),
+                               abandoned.append, max_queued=10)
+    for i in range(4):
+        lanes2.submit("k", i)
+    threading.Timer(0.3, stuck.set).start()
+    assert lanes2.close(timeout=0.1) == 3
+    assert abandoned == [1, 2, 3] and ran2 == [0]
+    assert not lanes2.submit("k", 9)  # closed
+
+
+def test_manual_lanes_run_exactly_the_jobs_handed_out() -> None:
+    ran: list[int] = []
+    lanes: Lanes[int] = Lanes("t", ran.append, lambda j: None, manual=True)
+    for i in range(3):
+        lanes.submit("k", i)
+    time.sleep(0.05)
+    assert ran == [] and [j for j in lanes.queued()] == [0, 1, 2]
+    assert lanes.run_next() == 0 and ran == [0]
+    assert lanes.run_next() == 1 and ran == [0, 1]
+    lanes.close()
+    assert ran == [0, 1, 2]  # a closing engine runs out what is queued
+
+
+def test_staging_pool_waits_for_a_free_buffer_and_never_deadlocks_on_size() -> None:
+    pool = StagingPool(1, 1024)
+    order: list[str] = []
+
+    def other() -> None:
+        with pool.take(100):
+            order.append("other")
+
+    with pool.take(1024) as buf:
+        assert buf.numel() == 1024
+        t = threading.Thread(target=other)
+        t.start()
+        time.sleep(0.05)
+        order.append("first")
+    t.join(5)
+    assert order == ["first", "other"]
+    with pool.take(4096) as big:  # larger than any pooled buffer: a temporary one
+        assert big.numel() == 4096 and pool.oversize == 1
+
+
+# --------------------------------------------------------------------------- one pass
+
+
+def test_memory_store_write_batch_fills_the_stored_array_itself() -> None:
+    store = MemoryStore(1 << 20)
+    targets: list[int] = []
+
+    def produce(i: int, out: np.ndarray) -> None:
+        targets.append(out.ctypes.data)
+        out[:] = i + 1
+
+    outs = store.write_batch(["a", "b"], [100, 200], produce)
+    assert [o.status for o in outs] == [Status.OK, Status.OK]
+    assert [store._data[k].ctypes.data for k in ("a", "b")] == targets  # no second copy
+    seen: list[int] = []
+
+    def consume(values: list[np.ndarray]) -> None:
+        seen.extend(v.ctypes.data for v in values)
+        assert not values[0].flags.writeable
+        assert (values[0] == 1).all() and (values[1] == 2).all()
+
+    assert all(o.ok for o in store.read_batch(["a", "b"], [100, 200], consume))
+    assert seen == targets  # read straight out of the store's arrays
+    # Write-once: a second write of a key produces nothing.
+    assert store.write_batch(["a"], [100], lambda i, o: pytest.fail("produced"))[0].status \
+        is Status.EXISTS
+
+
+def test_read_batch_is_all_or_nothing() -> None:
+    store = MemoryStore(1 << 20)
+    store.put_batch(["a"], [np.ones(10, np.uint8)])
+    outs = store.read_batch(["a", "missing"], [10, 10], lambda v: pytest.fail("consumed"))
+    assert [o.status for o in outs] == [Status.OK, Status.MISS]
+    store.faults.script("get", [Outcome.timeout()])
+    outs = store.read_batch(["a"], [10], lambda v: pytest.fail("consumed"))
+    assert outs[0].status is Status.TIMEOUT
+
+
+def test_a_value_removed_while_read_is_never_recycled_under_the_reader() -> None:
+    store = MemoryStore(1 << 20)
+    store.put_batch(["a"], [np.full(64, 7, np.uint8)])
+
+    def consume(values: list[np.ndarray]) -> None:
+        store.remove_all()  # evicted mid-read ...
+        store.put_batch(["b"], [np.full(64, 9, np.uint8)])  # ... and the space reused
+        assert (values[0] == 7).all()  # the reader's bytes did not change
+
+    assert store.read_batch(["a"], [64], consume)[0].ok
+    assert store.reserved_bytes <= store.capacity_bytes
+
+
+def test_default_write_and_read_batch_go_through_staging() -> None:
+    """A store without its own allocate-then-fill (the base class path, e.g. Mooncake):
+    produce into the caller's staging views, then put; get into staging, then consume."""
+    from tailproof.impl.stores.base import Store
+
+    class Plain(Store):
+        def __init__(self) -> None:
+            self.m = MemoryStore(1 << 20)
+            self.put_ptrs: list[int] = []
+
+        def exists(self, keys: Sequence[str]) -> list[bool]:
+            return self.m.exists(keys)
+
+        def put_batch(self, keys: Sequence[str], buffers: Sequence[Any]) -> list[Outcome]:
+            self.put_ptrs += [b.ctypes.data for b in buffers]
+            return self.m.put_batch(keys, buffers)
+
+        def get_batch(self, keys: Sequence[str], buffers: Sequence[Any]) -> list[Outcome]:
+            return self.m.get_batch(keys, buffers)
+
+        def remove(self, keys: Sequence[str]) -> int:
+            return self.m.remove(keys)
+
+        def remove_all(self) -> int:
+            return self.m.remove_all()
+
+        def close(self) -> None:
+            self.m.close()
+
+    s = Plain()
+    staging = np.zeros(1000, np.uint8)
+    s.write_batch(["x", "y"], [10, 20], lambda i, o: o.fill(i + 3), staging=staging)
+    assert s.put_ptrs == [staging.ctypes.data, staging.ctypes.data + 10]
+    got: list[np.ndarray] = []
+    outs = s.read_batch(["x", "y"], [10, 20], lambda v: got.extend(x.copy() for x in v),
+                        staging=staging)
+    assert all(o.ok for o in outs) and (got[0] == 3).all() and (got[1] == 4).all()
+
+
+# --------------------------------------------------------------------------- the worker
+
+
+class BlockingStore(MemoryStore):
+    """A memory store whose writes wait until ``release`` is set (a slow network)."""
+
+    def __init__(self) -> None:
+        super().__init__(1 << 26)
+        self.release = threading.Event()
+        self.writing = threading.Event()
+
+    def write_batch(self, keys: Sequence[str], sizes: Sequence[int], produce: Any,
+                    staging: Any = None) -> list[Outcome]:
+        self.writing.set()
+        assert self.release.wait(30)
+        return super().write_batch(keys, sizes, produce, staging)
+
+
+def _worker(store: Any, **kw: Any) -> tuple[Any, Any]:
+    from test_worker_side import make_worker
+
+    return make_worker(store, **kw)
+
+
+TABLES = ([1, 2, 3], [0, 0, 6])
+
+
+def _job(jid: int, rid: str = "A") -> StoreJob:
+    from test_worker_side import HASHES, save
+
+    return save(jid, rid, 32, TABLES, HASHES, [BoundaryPut(0, 3, 44), BoundaryPut(1, 6, 44)])
+
+
+def test_wait_for_save_returns_while_the_put_is_still_running() -> None:
+    from test_worker_side import TOKENS
+
+    store = BlockingStore()
+    w, runner = _worker(store)
+    runner.forward("A", TOKENS, 0, 44, TABLES)
+    t = time.perf_counter()
+    w.wait_for_save(TailproofMeta(stores=[_job(0)]))
+    assert time.perf_counter() - t < 0.5
+    assert store.writing.wait(10)
+    assert w.build_connector_worker_meta() is None  # not reported while the put runs: pins held
+    store.release.set()
+    assert w.wait_idle(10)
+    assert w.build_connector_worker_meta().completed_saves == {0: 1}
+    w.close()
+
+
+def test_full_queue_skips_the_job_and_reports_it_at_once() -> None:
+    store = BlockingStore()
+    w, runner = _worker(store, max_queued_jobs=1)
+    w.wait_for_save(TailproofMeta(stores=[_job(0), _job(1, "B")]))
+    assert w.metrics.c.total("jobs_skipped_queue_full") == 1
+    # The skipped job is reported at once, nothing else yet.
+    assert w.build_connector_worker_meta().completed_saves == {1: 1}
+    store.release.set()
+    assert w.wait_idle(10) and w.build_connector_worker_meta().completed_saves == {0: 1}
+    w.close()
+
+
+def test_close_reports_every_queued_job() -> None:
+    store = BlockingStore()
+    w, runner = _worker(store)
+    w.wait_for_save(TailproofMeta(stores=[_job(i) for i in range(4)]))
+    assert store.writing.wait(10)
+    threading.Timer(0.3, store.release.set).start()
+    w.close(timeout=0.05)  # job 0 finishes its put; jobs 1-3 are abandoned, all reported
+    assert w.build_connector_worker_meta().completed_saves == {0: 1, 1: 1, 2: 1, 3: 1}
+    assert w.metrics.c.total("jobs_abandoned") == 3
+
+
+def test_loads_do_not_block_the_step_and_report_when_done() -> None:
+    from test_worker_side import TOKENS, load_b
+
+    store = MemoryStore(1 << 26)
+    w, runner = _worker(store)
+    runner.forward("A", TOKENS, 0, 44, TABLES)
+    w.wait_for_save(TailproofMeta(stores=[_job(0)]))
+    assert w.wait_idle(10)
+    gate = threading.Event()
+    orig = store.read_batch
+
+    def slow_read(*a: Any, **k: Any) -> Any:
+        assert gate.wait(10)
+        return orig(*a, **k)
+
+    store.read_batch = slow_read  # type: ignore[method-assign]
+    w2, r2 = _worker(store)
+    ctab = ([7, 8, 9], [0, 0, 10])
+    t = time.perf_counter()
+    w2.start_load(TailproofMeta(loads=[load_b(ctab)]))
+    assert time.perf_counter() - t < 0.5
+    assert w2.take_transfer_results() == (set(), set())  # not finished: the request waits
+    gate.set()
+    assert w2.wait_idle(10)
+    assert w2.take_transfer_results() == ({"B"}, set())
+    assert r2.check("B", TOKENS, 0, 44, ctab) == []
+    for x in (w, w2):
+        x.close()
+
+
+def test_sender_copies_release_the_gil() -> None:
+    """A 64 MiB block copy on the sender thread leaves the interpreter to the step: a Python
+    loop on this thread keeps running while the copy is in flight."""
+    from tailproof.impl.kv_layout import KVLayout
+
+    big = torch.zeros(4, 16 << 20, dtype=torch.uint8)
+    lay = KVLayout({"m": big}, [["m"]], 4)
+    out = np.empty(16 << 20, np.uint8)
+    done = threading.Event()
+
+    def copy() -> None:
+        for _ in range(20):
+            lay.read_block(0, 1, out)
+        done.set()
+
+    t = threading.Thread(target=copy)
+    ticks = 0
+    t.start()
+    while not done.is_set():
+        ticks += 1
+    t.join()
+    assert ticks > 1000  # with the GIL held for each copy this loop would barely advance
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="no CUDA GPU: the CUDA data path (pinned staging, step event) needs one")
+def test_cuda_save_is_ordered_by_the_step_event_not_a_host_wait() -> None:
+    """GPU: the CoW copy that fills the block a job reads is still queued behind a long kernel
+    when ``wait_for_save`` runs. The step returns at once (no host wait); the sender's
+    device-to-host copy waits for the step's event, so the stored value is the copied state."""
+    from test_worker_side import HASHES, TOKENS, load_b, save
+
+    store = MemoryStore(1 << 26)
+    w, runner = _worker(store, device="cuda")
+    runner.forward("A", TOKENS, 0, 44, TABLES)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(1_000_000_000)  # ~0.5 s of GPU time ahead of the CoW copy
+    runner.copy_blocks([(6, 12)])  # device-side: lands in block 12 only after the sleep
+    t = time.perf_counter()
+    w.wait_for_save(TailproofMeta(stores=[save(
+        0, "A", 32, TABLES, HASHES, [BoundaryPut(0, 3, 44), BoundaryPut(1, 12, 44)])]))
+    assert time.perf_counter() - t < 0.05
+    assert torch.cuda.current_stream().query() is False  # the sleep kernel is still running
+    assert w.wait_idle(30)
+    w2, r2 = _worker(store, device="cuda")
+    ctab = ([7, 8, 9], [0, 0, 10])
+    w2.start_load(TailproofMeta(loads=[load_b(ctab)]))
+    assert w2.wait_idle(30) and w2.take_transfer_results() == ({"B"}, set())
+    assert r2.check("B", TOKENS, 0, 44, ctab) == []
+    for x in (w, w2):
+        x.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "getpriority"), reason="needs per-thread priorities (Linux)")
+def test_lane_threads_run_below_the_step_priority() -> None:
+    prios: list[int] = []
+    lanes: Lanes[int] = Lanes(
+        "t", lambda j: prios.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id())),
+        lambda j: None)
+    lanes.submit("k", 1)
+    assert lanes.wait_idle(10)
+    assert prios == [min(19, os.getpriority(os.PRIO_PROCESS, 0) + 10)]
+    lanes.close()
