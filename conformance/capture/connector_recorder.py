@@ -2,7 +2,8 @@
 
 Wraps the scheduler's connector (``get_num_new_matched_tokens`` -> ``sched_lookup``,
 ``build_connector_meta`` -> ``conn_step``, ``update_connector_output`` -> ``worker_report``)
-and each worker connector's ``wait_for_save`` (-> ``worker_run``); the scheduler's
+and each worker connector's ``wait_for_save`` (-> ``worker_run``, once the rank's single
+sender thread has run the queued jobs); the scheduler's
 ``finalize_partial_tail_offloads`` (``Scheduler._connector_finished``) becomes ``conn_finish``.
 Connector ops expect ``free`` (and ``sched_lookup`` what the connector answered: ``ext``,
 ``async``); their other effects (pins, loads) are checked through ``free`` and every later
@@ -31,17 +32,29 @@ class RefusingStore:
         self.plan = plan
         self.entries: list[str] = []
 
-    def put_batch(self, keys: Sequence[str], buffers: Sequence[Any]) -> list[Any]:
+    def _refused(self, n: int) -> list[Any] | None:
+        """The outcomes of a refused batch of ``n`` keys, or None to let it through."""
         from tailproof.impl.stores import Outcome
 
         what = self.plan()
         if what == "ok":
             self.entries.append("ok")
-            return self.inner.put_batch(keys, buffers)
+            return None
         entry, code = REFUSALS[what]
         self.entries.append(entry)
         make = {"full": Outcome.full, "error": Outcome.error, "timeout": Outcome.timeout}[what]
-        return [make(code)] * len(keys)
+        return [make(code)] * n
+
+    def put_batch(self, keys: Sequence[str], buffers: Sequence[Any]) -> list[Any]:
+        refused = self._refused(len(keys))
+        return self.inner.put_batch(keys, buffers) if refused is None else refused
+
+    def write_batch(self, keys: Sequence[str], sizes: Sequence[int], produce: Any,
+                    staging: Any = None) -> list[Any]:
+        refused = self._refused(len(keys))
+        if refused is None:
+            return self.inner.write_batch(keys, sizes, produce, staging=staging)
+        return refused
 
     def take(self) -> list[str]:
         """The script of the batches run since the last call (trailing ``ok``s dropped: an
@@ -102,6 +115,10 @@ def install(rec: Any, workers: list[Any],
                 if req.request_id in rec.shadows:
                     rec._sync(req)
         out = orig()
+        # wait_for_save only queues the jobs (one sender thread, FIFO): a worker_run is
+        # the jobs run to completion, so the rank is settled before the op is written.
+        if not workers[rank].worker_side.wait_idle(60.0):
+            raise RuntimeError(f"worker {rank}: store jobs still running after 60 s")
         op: dict[str, Any] = {"op": "worker_run", "worker": rank}
         script = stores[rank].take() if stores else []
         if script:
@@ -109,6 +126,11 @@ def install(rec: Any, workers: list[Any],
         rec._emit(op, {})
         return out
 
+    for rank, wc in enumerate(workers):
+        threads = wc.worker_side.settings.send_threads
+        if threads != 1:  # several senders interleave jobs: no FIFO order to record
+            raise ValueError(f"workers[{rank}]: send_threads={threads}; connector recording "
+                             "needs send_threads=1 (the reference runs one FIFO per worker)")
     stores: list[RefusingStore] = []
     if store_plan is not None:
         for rank, wc in enumerate(workers):

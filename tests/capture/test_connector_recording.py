@@ -69,9 +69,9 @@ def test_connector_trace_replays_on_every_connector_adapter(
         assert kind in kinds
     assert kinds.count("worker_run") == num_workers * kinds.count("conn_step")
     hits = [op for op in doc["ops"] if op["op"] == "sched_lookup" and op["expect"]["ext"]]
-    # After the reset the store serves hits: loads ran (byte-checked by the engine and impl);
-    # with half the put batches refused, the same lookups miss (fail closed).
-    assert bool(hits) != refusals
+    # After the reset the store serves hits: loads ran (byte-checked by the engine and impl).
+    # With half the put batches refused, some keys stay absent (fail closed): checked below.
+    assert hits or refusals
     scripts = [e for op in doc["ops"] if op["op"] == "worker_run" for e in op.get("store", [])]
     assert bool(scripts) == refusals
     if refusals:
