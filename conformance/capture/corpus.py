@@ -23,12 +23,10 @@ CASES = Path(__file__).resolve().parent.parent / "cases"
 # Connector workloads too (each ~1 s of capture; the store paths do not depend on geometry).
 ONE_GEOMETRY = {"mixed"} | {w for w, wl in WORKLOADS.items() if wl.num_workers is not None}
 # Calls of the scheduler's connector paths that have no op of their own: the async-load
-# admission (``reserved_blocks`` in ``Scheduler.schedule``), ``cache_blocks`` once a load
-# finished (``_update_waiting_for_remote_kv``), ``remove_skipped_blocks`` before the finish
-# hand-off (``_connector_finished``). Tolerated in connector captures only, which the
-# corpus replay then checks op by op (0 divergences: they changed nothing observed).
-CONNECTOR_PATH_CALLS = {"allocate_slots reservations / encoder tokens", "cache_blocks",
-                        "remove_skipped_blocks"}
+# admission (``reserved_blocks`` in ``Scheduler.schedule``) and ``cache_blocks`` once a load
+# finished (``_update_waiting_for_remote_kv``). Tolerated in connector captures only, which
+# the corpus replay then checks op by op (0 divergences: they changed nothing observed).
+CONNECTOR_PATH_CALLS = {"allocate_slots reservations / encoder tokens", "cache_blocks"}
 
 
 def connector_of(workload: str) -> str:
