@@ -322,6 +322,14 @@ def cmd_replay(args: argparse.Namespace) -> int:
     _check_junit(args)
     traces = load_all(args.traces)
     results, seconds = _conformance(args, traces, adapters, args.strict_ids, progress=False)
+    from tailproof.conformance.show import check_expect_keys, format_show, parse_range
+
+    for r in results:
+        check_expect_keys(r)
+    if args.show:
+        for r in results:
+            print(format_show(r, parse_range(args.ops, len(r.trace.ops))), file=out)
+            print(file=out)
     _print_divergences(results, out, per_case=None)
     n_div = sum(len(r.divergences) for r in results)
     print(f"{len(results)} cases, {sum(len(t.ops) for t in traces)} ops, {n_div} divergences, "
@@ -343,15 +351,26 @@ def register_replay(sub: Any) -> None:
                    help=f"comma-separated adapters (known: {', '.join(ADAPTERS)})")
     r.add_argument("--strict-ids", action="store_true",
                    help="compare block ids exactly instead of up to a renaming")
+    r.add_argument("--show", action="store_true",
+                   help="print every op with each adapter's observation side by side")
+    r.add_argument("--ops", default=None, metavar="A:B",
+                   help="with --show: only ops A..B-1 (unset: all)")
     _report_args(r)
     _store_args(r)
 
 
 def cmd_record(args: argparse.Namespace) -> int:
-    """Fill each op's ``expect`` from one adapter's observations (for authoring cases)."""
+    """Fill each op's ``expect`` from one adapter's observations (for authoring cases);
+    written to ``-o FILE``, to stdout, or back into each trace with ``--in-place``."""
+    if args.output and args.in_place:
+        raise UsageError("-o/--output: give either -o FILE or --in-place, not both",
+                         "drop one of them")
     info = vllm_compat.inspect_vllm([args.adapter])
     resolve_adapters([args.adapter], skip_missing=False, info=info)
     traces = load_all(args.traces)
+    if len(traces) > 1 and not args.in_place:
+        raise UsageError(f"traces: {len(traces)} traces given; -o and stdout take one",
+                         "record one trace, or pass --in-place")
     for trace in traces:
         result = run_trace(trace, [args.adapter], strict=True)
         obs = result.observations[args.adapter]
@@ -359,12 +378,19 @@ def cmd_record(args: argparse.Namespace) -> int:
         for op_doc, o in zip(doc["ops"], obs, strict=True):
             if o is not None and (args.overwrite or "expect" not in op_doc):
                 op_doc["expect"] = o
+        text = json.dumps(doc, indent=1) + "\n"
+        n = sum(o is not None for o in obs)
+        target = trace.source if args.in_place else args.output
+        if target is None:
+            sys.stdout.write(text)
+            print(f"recorded {n} observations of {trace.source}", file=sys.stderr)
+            continue
         try:
-            Path(trace.source).write_text(json.dumps(doc, indent=1) + "\n")
+            Path(target).write_text(text)
         except OSError as e:
-            raise UsageError(f"{trace.source}: cannot write: {e.strerror or e}",
+            raise UsageError(f"{target}: cannot write: {e.strerror or e}",
                              "make the file writable") from None
-        print(f"recorded {sum(o is not None for o in obs)} observations into {trace.source}")
+        print(f"recorded {n} observations into {target}", file=sys.stderr)
     return OK
 
 
@@ -372,11 +398,132 @@ def register_record(sub: Any) -> None:
     rec = _sub(sub, "record", "write one adapter's observations into traces as expectations",
                cmd_record)
     rec.add_argument("traces", nargs="+", metavar="TRACE",
-                     help="trace files (rewritten in place), or directories of them")
+                     help="trace files, or directories of them (several need --in-place)")
     rec.add_argument("--adapter", default="vllm", choices=list(ADAPTERS),
                      help="the adapter whose observations become the expectations")
     rec.add_argument("--overwrite", action="store_true",
                      help="replace expectations already written (default: keep them)")
+    rec.add_argument("-o", "--output", default=None, metavar="FILE",
+                     help="write the filled trace here (unset: stdout)")
+    rec.add_argument("--in-place", action="store_true", help="rewrite each trace file")
+
+
+def cmd_capture(args: argparse.Namespace) -> int:
+    """Run a named workload on vLLM's real Scheduler (CPU) with the recorder attached."""
+    t_start = time.perf_counter()
+    from tailproof.conformance.capture.run import CaptureError, capture, check_arguments
+
+    if args.max_bytes is not None and args.max_bytes <= 0:
+        raise UsageError(f"--max-bytes must be > 0, got {args.max_bytes}",
+                         "pass a size in bytes, e.g. 100000000")
+    try:
+        check_arguments(args.workload, args.connector, args.geometry)
+    except CaptureError as e:
+        raise UsageError(str(e), "see tailproof capture --help") from None
+    info = vllm_compat.inspect_vllm(["vllm"])
+    resolve_adapters(["vllm"], skip_missing=False, info=info)
+    try:
+        res = capture(args.workload, args.output, seed=args.seed, connector=args.connector,
+                      geometry=args.geometry, redact=args.redact, max_bytes=args.max_bytes)
+    except CaptureError as e:
+        raise UsageError(str(e), "see tailproof capture --help") from None
+    except OSError as e:
+        raise UsageError(f"-o/--output: cannot write {args.output}: {e.strerror or e}",
+                         "name a writable file") from None
+    out = sys.stderr if args.json else sys.stdout
+    extra = (f"; unmodelled calls: {res.unmodelled}" if res.unmodelled else "")
+    print(f"captured {args.workload}: {res.ops} ops, {res.steps} engine steps -> "
+          f"{res.path}{extra}", file=out)
+    if args.json:
+        from tailproof.conformance import report
+
+        print(json.dumps(report.command_document(
+            "capture", vllm=info.as_json(), result="captured", exit_code=OK,
+            total_seconds=time.perf_counter() - t_start,
+            body={"workload": args.workload, "seed": args.seed, "connector": args.connector,
+                  "output": str(res.path), "ops": res.ops, "steps": res.steps,
+                  "unmodelled": res.unmodelled}), indent=2))
+    return OK
+
+
+def register_capture(sub: Any) -> None:
+    from tailproof.conformance.capture.workloads import GEOMETRIES, WORKLOADS
+
+    cap = _sub(sub, "capture", "run a named workload on vLLM 0.33's real Scheduler (CPU, "
+               "weightless model) and record it as a trace", cmd_capture)
+    cap.add_argument("--workload", required=True, metavar="NAME",
+                     help=f"one of: {', '.join(WORKLOADS)}")
+    cap.add_argument("-o", "--output", required=True, metavar="FILE",
+                     help="the trace to write")
+    cap.add_argument("--seed", type=int, default=0, help="seed of the workload's choices")
+    cap.add_argument("--connector", default="none", choices=["none"],
+                     help="KV connector the scheduler runs with: none only (the capture "
+                          "workloads do not run connector workers yet; connector recording "
+                          "with in-process workers: docs/triage.md)")
+    cap.add_argument("--geometry", default=None, metavar="G",
+                     help=f"block geometry, one of: {', '.join(GEOMETRIES)} "
+                          "(unset: fa16-m16-h4)")
+    cap.add_argument("--redact", action="store_true",
+                     help="canonical token ids that keep only what hashing sees")
+    cap.add_argument("--max-bytes", type=int, default=None, metavar="N",
+                     help="rotate into segments past N bytes (unset: one file)")
+    cap.add_argument("--json", action="store_true",
+                     help="print one JSON document on stdout (text goes to stderr)")
+
+
+def cmd_shrink(args: argparse.Namespace) -> int:
+    """Delta-debug a diverging trace down to a small one with the same divergence."""
+    t_start = time.perf_counter()
+    from tailproof.conformance.capture.writer import write_trace
+    from tailproof.conformance.shrink import shrink
+
+    wanted = parse_adapters(args.against, "--against")
+    info = vllm_compat.inspect_vllm(wanted)
+    adapters, _ = resolve_adapters(wanted, skip_missing=False, info=info)
+    (trace,) = load_all([args.trace])
+    out = sys.stderr if args.json else sys.stdout
+    res = shrink(trace, adapters, args.strict_ids,
+                 log=lambda m: print(f"  {m}", file=sys.stderr))
+    adapter, against, op, field = res.signature
+    print(f"shrunk {trace.source}: {res.ops_before} ops -> {res.ops_after} ops "
+          f"({res.runs} replays); divergence kept: {adapter} vs {against} on {op}.{field}",
+          file=sys.stderr if args.output is None else out)
+    if args.output is not None:
+        try:
+            write_trace(res.doc, args.output)
+        except OSError as e:
+            raise UsageError(f"-o/--output: cannot write {args.output}: {e.strerror or e}",
+                             "name a writable file") from None
+    elif not args.json:
+        sys.stdout.write(json.dumps(res.doc, indent=1) + "\n")
+    if args.json:
+        from tailproof.conformance import report
+
+        print(json.dumps(report.command_document(
+            "shrink", vllm=info.as_json(), result="shrunk", exit_code=OK,
+            total_seconds=time.perf_counter() - t_start,
+            body={"source": trace.source, "adapters": adapters, "strict_ids": args.strict_ids,
+                  "ops_before": res.ops_before, "ops_after": res.ops_after,
+                  "replays": res.runs, "output": args.output,
+                  "divergence": {"adapter": adapter, "against": against, "op": op,
+                                 "field": field},
+                  "trace": res.doc if args.output is None else None}), indent=2))
+    return OK
+
+
+def register_shrink(sub: Any) -> None:
+    sh = _sub(sub, "shrink", "delta-debug a diverging trace to a small one that keeps the same "
+              "divergence (op kind and field)", cmd_shrink)
+    sh.add_argument("trace", metavar="TRACE", help="a trace that diverges")
+    sh.add_argument("--against", default="reference,vllm", metavar="A,B",
+                    help=f"comma-separated adapters (known: {', '.join(ADAPTERS)})")
+    sh.add_argument("--strict-ids", action="store_true",
+                    help="compare block ids exactly instead of up to a renaming")
+    sh.add_argument("-o", "--output", default=None, metavar="FILE",
+                    help="write the small trace here (unset: stdout)")
+    sh.add_argument("--json", action="store_true",
+                    help="print one JSON document on stdout (the small trace inside it "
+                         "unless -o); text goes to stderr")
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -471,8 +618,8 @@ def register_stats(sub: Any) -> None:
 
 #: one entry per subcommand, in --help order (a new subcommand adds one register_* here)
 SUBCOMMANDS: list[Callable[[Any], None]] = [
-    register_check, register_replay, register_validate, register_record, register_prove,
-    register_mutate, register_doctor, register_stats,
+    register_check, register_replay, register_validate, register_record, register_capture,
+    register_shrink, register_prove, register_mutate, register_doctor, register_stats,
 ]
 
 

@@ -89,6 +89,24 @@ def document(command: str, *, vllm: dict[str, Any], adapters: list[str],
     }
 
 
+def command_document(command: str, *, vllm: dict[str, Any], body: dict[str, Any],
+                     result: str, exit_code: int, total_seconds: float) -> dict[str, Any]:
+    """The ``--json`` document of a command that runs no conformance (``capture``,
+    ``shrink``): the same header, result and exit code as :func:`document`, then the
+    command's own fields under ``body`` (schema: ``conformance/schema/command.schema.json``)."""
+    return {
+        "format": FORMAT,
+        "tool": {"name": "tailproof", "version": __version__},
+        "command": command,
+        "python": platform.python_version(),
+        "vllm": vllm,
+        "body": body,
+        "timings": {"total_s": round(total_seconds, 3)},
+        "result": result,
+        "exit_code": exit_code,
+    }
+
+
 def write_junit(doc: dict[str, Any], path: Path) -> None:
     """JUnit XML: one test case per trace (a divergence is a failure) and per proof."""
     suites = ET.Element("testsuites", name="tailproof")

@@ -276,7 +276,8 @@ def parse_trace(doc: Any, source: str = "<trace>") -> Trace:
         raise _err(source, "trace", "must be a JSON object")
     if doc.get("format") != FORMAT_TAG:
         raise _err(source, "format", f"expected {FORMAT_TAG!r}, got {doc.get('format')!r}")
-    extra = sorted(set(doc) - {"format", "name", "description", "config", "ops", "notes"})
+    extra = sorted(set(doc) - {"format", "name", "description", "config", "ops", "notes",
+                                "provenance"})
     if extra:
         raise _err(source, extra[0], "unknown top-level key")
     config = _parse_config(doc.get("config"), source)

@@ -106,6 +106,8 @@ def parse_settings(extra: dict[str, Any] | None, kv_role: str | None) -> Setting
     ``master_address``), given flat.
     """
     extra = dict(extra or {})
+    # Read by the trace recorder's vLLM plugin (tailproof.conformance.capture.plugin).
+    extra.pop("tailproof_record", None)
     problems: list[str] = []
     role = kv_role or "kv_both"
     if role not in ROLES:

@@ -140,6 +140,26 @@ MISUSE: dict[str, Case] = {
                                      "reference", "--junit", str(t / "no" / "r.xml")],
                           "--junit"),
     "prove_export_not_dir": (lambda t: ["prove", "--export", str(t / "none")], "--export"),
+    "record_output_and_in_place": (lambda t: ["record", _write(t, "g.json", GOOD), "--adapter",
+                                              "reference", "-o", str(t / "o.json"),
+                                              "--in-place"], "-o/--output"),
+    "record_two_to_stdout": (lambda t: ["record", _write(t, "g.json", GOOD),
+                                        _write(t, "h.json", GOOD), "--adapter", "reference"],
+                             "-o and stdout take one"),
+    "show_bad_ops_range": (lambda t: ["replay", _write(t, "g.json", GOOD), "--against",
+                                      "reference", "--show", "--ops", "9:2"], "--ops"),
+    "capture_unknown_workload": (lambda t: ["capture", "--workload", "nope", "-o",
+                                            str(t / "c.json")], "--workload"),
+    "capture_unknown_geometry": (lambda t: ["capture", "--workload", "chat", "--geometry", "x",
+                                            "-o", str(t / "c.json")], "--geometry"),
+    "capture_bad_max_bytes": (lambda t: ["capture", "--workload", "chat", "--max-bytes", "0",
+                                         "-o", str(t / "c.json")], "--max-bytes"),
+    "capture_bad_connector": (lambda t: ["capture", "--workload", "chat", "--connector", "lm",
+                                         "-o", str(t / "c.json")], "invalid choice"),
+    "shrink_unknown_adapter": (lambda t: ["shrink", _write(t, "g.json", GOOD), "--against",
+                                          "reference,nope"], "unknown adapter 'nope'"),
+    "shrink_nothing_to_shrink": (lambda t: ["shrink", _write(t, "g.json", GOOD), "--against",
+                                            "reference"], "no divergence"),
     "stats_not_http": (lambda t: ["stats", "ftp://127.0.0.1/metrics"], "not an http"),
     "stats_unreachable": (lambda t: ["stats", "http://127.0.0.1:9/metrics", "--timeout", "2"],
                           "cannot read"),
@@ -315,7 +335,7 @@ def test_every_option_has_help_and_plain_text() -> None:
     assert "``" not in (parser.description or "")
     subs = next(a for a in parser._actions if a.dest == "cmd")
     assert set(subs.choices) >= {"check", "replay", "validate", "record", "prove", "doctor",
-                                 "stats"}
+                                 "stats", "capture", "shrink"}
     for name, sp in subs.choices.items():
         assert "``" not in (sp.description or ""), name
         fmt = sp._get_formatter()

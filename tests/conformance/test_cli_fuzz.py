@@ -161,6 +161,12 @@ def test_fuzz_corpus_mutations_in_process(tmp_path: Path) -> None:
         except Hang:
             pytest.fail(f"mutation {i} hangs replay: {data[:300]!r}")
         assert "Traceback" not in err, (i, err)
+        if rc == 2 and "no adapter observes" in err:
+            # an expect key nothing observes: known only once the adapters ran (bad input)
+            lines = err.strip().splitlines()
+            assert len(lines) == 1 and "fix:" in lines[0], (i, err)
+            counts["rejected"] += 1
+            continue
         assert rc in (0, 1), (i, rc, err, data[:300])
         counts["agreed" if rc == 0 else "diverged"] += 1
     print(f"fuzz: {N_MUTATIONS} mutations: {counts}")

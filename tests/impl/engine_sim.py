@@ -26,7 +26,7 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import tiny_hybrid  # noqa: E402  (tests/impl is on sys.path under pytest)
+from tailproof.conformance.capture import tiny_hybrid  # noqa: E402
 
 GROUPS = (("full_attention", 16), ("mamba", 16))
 

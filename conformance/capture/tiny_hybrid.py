@@ -1,9 +1,11 @@
-"""A weightless stand-in model class so vLLM's real config + Scheduler can be built on CPU.
+"""A weightless hybrid stand-in model, so vLLM 0.33's real config + Scheduler build on CPU.
 
-vLLM validates ``--model`` by inspecting its model class; the real hybrid classes import GPU
-kernels (and ``einops``) in a subprocess. The scheduler never runs the model, so the test
-registers this tiny class under the architecture named in ``fixtures/tiny-hybrid/config.json``
-(a Jamba-shaped config: one attention layer, one Mamba layer).
+Product code of ``tailproof capture`` (and used by the tests): capturing a trace runs vLLM's
+own ``Scheduler`` on named workloads without a GPU or weights, and vLLM validates ``--model`` by
+inspecting its model class -- the real hybrid classes import GPU kernels (and ``einops``) in a
+subprocess. The scheduler never runs the model, so this tiny class is registered under the
+architecture named in ``tiny-hybrid/config.json`` (a Jamba-shaped config: one attention layer,
+one Mamba layer) next to this module.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any, ClassVar, Literal
 from torch import nn
 
 ARCH = "TailproofTinyHybridForCausalLM"
-MODEL_DIR = Path(__file__).parent / "fixtures" / "tiny-hybrid"
+MODEL_DIR = Path(__file__).parent / "tiny-hybrid"
 
 
 class TailproofTinyHybridForCausalLM(nn.Module):
@@ -26,13 +28,13 @@ class TailproofTinyHybridForCausalLM(nn.Module):
         super().__init__()
 
     def embed_input_ids(self, input_ids: Any) -> Any:
-        raise NotImplementedError("weightless test model")
+        raise NotImplementedError("weightless stand-in model: never run")
 
     def forward(self, input_ids: Any, positions: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError("weightless test model")
+        raise NotImplementedError("weightless stand-in model: never run")
 
     def compute_logits(self, hidden_states: Any) -> Any:
-        raise NotImplementedError("weightless test model")
+        raise NotImplementedError("weightless stand-in model: never run")
 
     @classmethod
     def get_mamba_state_shape_from_config(cls, vllm_config: Any) -> tuple[tuple[int, ...], ...]:

@@ -1,0 +1,50 @@
+"""The trace's ``config.connector`` read from a live engine's KV connector configuration.
+
+Mirrors how vLLM 0.33's ``MooncakeStoreScheduler.__init__`` (``mooncake/store/scheduler.py``)
+reads ``kv_connector_extra_config`` (``TailproofConnector`` reads the same keys, same defaults),
+and the rank count ``parallel_config.world_size`` (one store worker per rank).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tailproof.conformance.connector_ops import validate_connector_config
+
+# Connectors whose scheduler-side semantics the connector ops model (docs/connector-ops.md).
+MODELLED_CONNECTORS = ("MooncakeStoreConnector", "TailproofConnector")
+_ROLES = {"kv_producer": "producer", "kv_consumer": "consumer", "kv_both": "both"}
+
+
+class ConnectorConfigError(ValueError):
+    """An engine connector configuration the trace's ``config.connector`` cannot express."""
+
+
+def connector_config(vllm_config: Any) -> dict[str, Any] | None:
+    """``config.connector`` for ``vllm_config`` (None without a KV connector).
+
+    Raises ``ConnectorConfigError`` naming the field for a connector the connector ops do not
+    model, an unknown role, or more ranks than the trace format allows."""
+    ktc = getattr(vllm_config, "kv_transfer_config", None)
+    if ktc is None or ktc.kv_connector is None:
+        return None
+    if ktc.kv_connector not in MODELLED_CONNECTORS:
+        raise ConnectorConfigError(
+            f"kv_transfer_config.kv_connector: {ktc.kv_connector!r} is not modelled by the "
+            f"connector ops (modelled: {', '.join(MODELLED_CONNECTORS)})")
+    role = _ROLES.get(ktc.kv_role)
+    if role is None:
+        raise ConnectorConfigError(f"kv_transfer_config.kv_role: {ktc.kv_role!r} is not one of "
+                                   f"{', '.join(_ROLES)}")
+    extra = dict(ktc.kv_connector_extra_config or {})
+    cfg = {
+        "role": role,
+        "num_workers": int(vllm_config.parallel_config.world_size),
+        "save_decode_cache": bool(extra.get("save_decode_cache", False)),
+        "enable_lookup": bool(extra.get("enable_lookup", True)),
+        "load_async": bool(extra.get("load_async", True)),
+    }
+    try:
+        return validate_connector_config(cfg)
+    except ValueError as e:
+        raise ConnectorConfigError(f"config.connector: {e}") from None

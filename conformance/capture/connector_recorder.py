@@ -1,0 +1,160 @@
+"""Connector ops for a recorder whose engine runs a KV connector, workers in-process.
+
+Wraps the scheduler's connector (``get_num_new_matched_tokens`` -> ``sched_lookup``,
+``build_connector_meta`` -> ``conn_step``, ``update_connector_output`` -> ``worker_report``)
+and each worker connector's ``wait_for_save`` (-> ``worker_run``, once the rank's single
+sender thread has run the queued jobs); the scheduler's
+``finalize_partial_tail_offloads`` (``Scheduler._connector_finished``) becomes ``conn_finish``.
+Connector ops expect ``free`` (and ``sched_lookup`` what the connector answered: ``ext``,
+``async``); their other effects (pins, loads) are checked through ``free`` and every later
+core observation. Worker ranks must live in the recording process (the
+capture harness), so a multi-process ``vllm serve`` records the core only.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+# A refused put batch as the worker sees it, and its ``worker_run.store`` script entry.
+REFUSALS = {"full": ("full", -200), "error": ("error", -1), "timeout": ("raise", 0)}
+
+
+class RefusingStore:
+    """One worker's store with scripted refusals: ``plan()`` answers ``ok``, ``full``
+    (``MOONCAKE_NO_AVAILABLE_HANDLE``), ``error`` or ``timeout`` for each put batch; a refused
+    batch fails every key without reaching the store (fail closed: a miss, never wrong bytes).
+    ``entries`` holds the script entries of the batches since the last ``take``."""
+
+    def __init__(self, inner: Any, plan: Callable[[], str]) -> None:
+        self.inner = inner
+        self.plan = plan
+        self.entries: list[str] = []
+
+    def _refused(self, n: int) -> list[Any] | None:
+        """The outcomes of a refused batch of ``n`` keys, or None to let it through."""
+        from tailproof.impl.stores import Outcome
+
+        what = self.plan()
+        if what == "ok":
+            self.entries.append("ok")
+            return None
+        entry, code = REFUSALS[what]
+        self.entries.append(entry)
+        make = {"full": Outcome.full, "error": Outcome.error, "timeout": Outcome.timeout}[what]
+        return [make(code)] * n
+
+    def put_batch(self, keys: Sequence[str], buffers: Sequence[Any]) -> list[Any]:
+        refused = self._refused(len(keys))
+        return self.inner.put_batch(keys, buffers) if refused is None else refused
+
+    def write_batch(self, keys: Sequence[str], sizes: Sequence[int], produce: Any,
+                    staging: Any = None) -> list[Any]:
+        refused = self._refused(len(keys))
+        if refused is None:
+            return self.inner.write_batch(keys, sizes, produce, staging=staging)
+        return refused
+
+    def take(self) -> list[str]:
+        """The script of the batches run since the last call (trailing ``ok``s dropped: an
+        exhausted script means ``ok``)."""
+        out, self.entries = self.entries, []
+        while out and out[-1] == "ok":
+            out.pop()
+        return out
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def install(rec: Any, workers: list[Any],
+            store_plan: Callable[[int], Callable[[], str]] | None = None) -> None:
+    """Record ``rec.scheduler``'s connector calls and ``workers``' (rank order) store runs;
+    ``store_plan(rank)`` scripts that rank's put outcomes (``RefusingStore``)."""
+    sched = rec.scheduler
+    conn = sched.connector
+    absorb = [False]  # the scheduler's truncate after a connector lookup is part of it
+
+    def wrap(obj: Any, name: str, handler: Any) -> None:
+        orig = getattr(obj, name)
+
+        def inner(*a: Any, **k: Any) -> Any:
+            rec._depth += 1  # manager calls the connector makes are part of its op
+            try:
+                return orig(*a, **k)
+            finally:
+                rec._depth -= 1
+
+        setattr(obj, name, functools.wraps(orig)(functools.partial(handler, inner)))
+
+    def sched_lookup(orig: Any, request: Any, num_computed_tokens: int) -> Any:
+        rec._sync(request)
+        out = orig(request, num_computed_tokens)
+        rec._emit({"op": "sched_lookup", "rid": request.request_id,
+                   "local": num_computed_tokens}, {"ext": out[0], "async": bool(out[1])})
+        absorb[0] = True
+        return out
+
+    def conn_step(orig: Any, so: Any) -> Any:
+        out = orig(so)  # free is read after: the step's pins are taken here
+        rec._emit({"op": "conn_step", "finished": sorted(so.finished_req_ids),
+                   "preempted": sorted(so.preempted_req_ids),
+                   "scheduled": dict(so.num_scheduled_tokens)}, {})
+        absorb[0] = False
+        return out
+
+    def worker_report(orig: Any, output: Any) -> Any:
+        out = orig(output)
+        rec._emit({"op": "worker_report"}, {})
+        return out
+
+    def worker_run(rank: int, orig: Any) -> Any:
+        if rank == 0:  # the step's commits come before any worker runs its jobs
+            for req in list(sched.running):
+                if req.request_id in rec.shadows:
+                    rec._sync(req)
+        out = orig()
+        # wait_for_save only queues the jobs (one sender thread, FIFO): a worker_run is
+        # the jobs run to completion, so the rank is settled before the op is written.
+        if not workers[rank].worker_side.wait_idle(60.0):
+            raise RuntimeError(f"worker {rank}: store jobs still running after 60 s")
+        op: dict[str, Any] = {"op": "worker_run", "worker": rank}
+        script = stores[rank].take() if stores else []
+        if script:
+            op["store"] = script
+        rec._emit(op, {})
+        return out
+
+    for rank, wc in enumerate(workers):
+        threads = wc.worker_side.settings.send_threads
+        if threads != 1:  # several senders interleave jobs: no FIFO order to record
+            raise ValueError(f"workers[{rank}]: send_threads={threads}; connector recording "
+                             "needs send_threads=1 (the reference runs one FIFO per worker)")
+    stores: list[RefusingStore] = []
+    if store_plan is not None:
+        for rank, wc in enumerate(workers):
+            side = wc.worker_side
+            side.store = RefusingStore(side.store, store_plan(rank))
+            stores.append(side.store)
+    wrap(conn, "get_num_new_matched_tokens", sched_lookup)
+    wrap(conn, "build_connector_meta", conn_step)
+    wrap(conn, "update_connector_output", worker_report)
+    for rank, wc in enumerate(workers):
+        wrap(wc, "wait_for_save", functools.partial(worker_run, rank))
+
+    truncate = rec._on_truncate_computed_blocks
+
+    def on_truncate(orig: Any, blocks: Any, num_tokens: int) -> Any:
+        if absorb[0]:
+            return orig(blocks, num_tokens)
+        return truncate(orig, blocks, num_tokens)
+
+    def on_finish(orig: Any, request: Any) -> Any:
+        rec._sync(request)
+        out = orig(request)
+        rec._emit({"op": "conn_finish", "rid": request.request_id}, {})
+        return out
+
+    rec._on_truncate_computed_blocks = on_truncate
+    rec._on_finalize_partial_tail_offloads = on_finish

@@ -1,0 +1,57 @@
+"""Regenerate the captured part of the corpus: ``conformance/cases/cap_*.json``.
+
+``python -m tailproof.conformance.capture.corpus [--check]`` captures every named workload on
+every geometry of ``workloads.GEOMETRIES`` (seed 0, token ids redacted) with ``tailproof
+capture``'s code path; ``--check`` compares instead of writing (captures are deterministic).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+from tailproof.conformance.capture.run import capture
+from tailproof.conformance.capture.workloads import GEOMETRIES, WORKLOADS
+
+CASES = Path(__file__).resolve().parent.parent / "cases"
+
+
+# "mixed" (>= 1,000 ops, the shrink test's input) is captured on the default geometry only.
+ONE_GEOMETRY = {"mixed"}
+
+
+def corpus_entries() -> list[tuple[str, str, Path]]:
+    default = next(iter(GEOMETRIES))
+    return [(w, g, CASES / f"cap_{w}_{g}.json") for w in WORKLOADS for g in GEOMETRIES
+            if w not in ONE_GEOMETRY or g == default]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--check", action="store_true", help="compare with the files, write none")
+    p.add_argument("--only", help="comma-separated workloads")
+    args = p.parse_args(argv)
+    only = set(args.only.split(",")) if args.only else None
+    stale = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for w, g, path in corpus_entries():
+            if only and w not in only:
+                continue
+            out = Path(tmp) / path.name if args.check else path
+            res = capture(w, out, seed=0, geometry=g, redact=True)
+            if res.unmodelled:
+                print(f"{path.name}: unmodelled calls {res.unmodelled}", file=sys.stderr)
+                return 1
+            print(f"{path.name}: {res.ops} ops, {res.steps} steps", file=sys.stderr)
+            if args.check and (not path.exists() or path.read_text() != out.read_text()):
+                stale.append(path.name)
+    if stale:
+        print(f"stale captures: {', '.join(stale)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,63 @@
+"""``tailproof capture``: run a named workload on vLLM's real Scheduler and record it."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from tailproof.conformance.capture.engine import DEFAULT_GROUPS, CaptureEngine
+from tailproof.conformance.capture.recorder import Recorder
+from tailproof.conformance.capture.workloads import GEOMETRIES, WORKLOADS
+
+CONNECTORS = ("none",)
+
+
+class CaptureError(ValueError):
+    """Bad capture arguments (unknown workload, geometry or connector)."""
+
+
+@dataclass
+class CaptureResult:
+    path: Path
+    ops: int
+    steps: int
+    unmodelled: dict[str, int]
+
+
+def check_arguments(workload: str, connector: str, geometry: str | None) -> None:
+    """Raise ``CaptureError`` naming the first argument that is not known."""
+    if workload not in WORKLOADS:
+        raise CaptureError(f"--workload: unknown workload {workload!r} "
+                           f"(known: {', '.join(WORKLOADS)})")
+    if connector not in CONNECTORS:
+        raise CaptureError(f"--connector: {connector!r} is not supported (supported: "
+                           f"{', '.join(CONNECTORS)}; the capture workloads do not run "
+                           "connector workers yet)")
+    if geometry is not None and geometry not in GEOMETRIES:
+        raise CaptureError(f"--geometry: unknown geometry {geometry!r} "
+                           f"(known: {', '.join(GEOMETRIES)})")
+
+
+def capture(workload: str, path: str | Path, *, seed: int = 0, connector: str = "none",
+            geometry: str | None = None, redact: bool = False,
+            max_bytes: int | None = None) -> CaptureResult:
+    """Run ``workload`` on a fresh CPU engine with the recorder attached; write ``path``."""
+    check_arguments(workload, connector, geometry)
+    w = WORKLOADS[workload]
+    groups, h = GEOMETRIES[geometry] if geometry else (DEFAULT_GROUPS, 4)
+    engine = CaptureEngine(groups=groups, h=h, seed=seed, **w.engine)
+    name = f"cap_{workload}" + (f"_{geometry}" if geometry else "") + (f"_s{seed}" if seed else "")
+    desc = (f"Captured by `tailproof capture --workload {workload} --seed {seed}"
+            + (f" --geometry {geometry}" if geometry else "") + "` from vLLM 0.33's real "
+            f"Scheduler on CPU. {' '.join(w.description.split())}")
+    rec = Recorder.attach(engine.sched, path, redact=redact, max_bytes=max_bytes, name=name,
+                          description=desc)
+    rec.enable_snapshots()
+    try:
+        w.run(engine, random.Random(seed))
+        rec.snapshot()
+    finally:
+        rec.close()
+        engine.shutdown()
+    return CaptureResult(Path(path), rec.writer.num_ops, engine.steps, dict(rec.unmodelled))
