@@ -39,13 +39,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "impl"))
 BLOCK, H, MAX_LEN = 1024, 16, 32768
 
 
-@dataclass
-class Result:
-    variant: str
+class ReuseRatios:
+    """hit/oracle and prefill over the minimum, from a result's ``hit``, ``oracle``, ``prefill``."""
+
     hit: int
     oracle: int
     prefill: int
-    steps: int
 
     @property
     def ratio(self) -> float:
@@ -58,11 +57,19 @@ class Result:
         return self.prefill / minimum if minimum else 1.0
 
 
+@dataclass
+class Result(ReuseRatios):
+    variant: str
+    hit: int
+    oracle: int
+    prefill: int
+    steps: int
+
+
 def make_scheduler(flag: bool, eagle: bool, num_blocks: int, max_batched: int,
                    fa_block: int) -> Any:
     """vLLM's ``Scheduler`` for the tiny hybrid stand-in model, FA ``fa_block`` + Mamba 1024,
     h 16."""
-    import tiny_hybrid
     import torch
     from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
     from vllm.utils.hashing import sha256
@@ -75,6 +82,8 @@ def make_scheduler(flag: bool, eagle: bool, num_blocks: int, max_batched: int,
         MambaSpec,
     )
     from vllm.v1.structured_output import StructuredOutputManager
+
+    from tailproof.conformance.capture import tiny_hybrid
 
     init_none_hash(sha256)
     tiny_hybrid.register()

@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "impl"))
 
 import junction_reuse  # noqa: E402  (sets the vLLM environment defaults)
-from junction_reuse import BLOCK, MAX_LEN, H, lcp  # noqa: E402
+from junction_reuse import BLOCK, MAX_LEN, H, ReuseRatios, lcp  # noqa: E402
 
 MISS_KINDS = ("junction", "preempted", "prompt", "decode-block", "response")
 LARGE_BLOCKS = 1024
@@ -74,7 +74,7 @@ class Sizes:
 
 
 @dataclass
-class Result:
+class Result(ReuseRatios):
     """Counts of one workload under one variant."""
 
     workload: str
@@ -87,15 +87,6 @@ class Result:
     requests: int = 0
     preempted: int = 0
     misses: dict[str, int] = field(default_factory=lambda: dict.fromkeys(MISS_KINDS, 0))
-
-    @property
-    def ratio(self) -> float:
-        return self.hit / self.oracle if self.oracle else 1.0
-
-    @property
-    def prefill_over_min(self) -> float:
-        minimum = self.prefill + self.hit - self.oracle
-        return self.prefill / minimum if minimum else 1.0
 
 
 @dataclass

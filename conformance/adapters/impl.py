@@ -97,18 +97,23 @@ class ScriptedStore(Store):
         real = self.inner.exists(list(keys))
         return [k in self.tags and r for k, r in zip(keys, real, strict=True)]
 
-    def put_batch(self, keys: Sequence[str], buffers: Sequence[Any]) -> list[Outcome]:
+    def _scripted(self, keys: Sequence[str]) -> tuple[list[Any], list[Outcome], list[int]]:
+        """Take the next scripted answer for a put of ``keys``: their tags, the outcomes of the
+        refused keys (the rest are filled by the inner store) and the indexes that go through."""
         entry = self.script.popleft() if self.script else "ok"
         tags = [self.tag(k) for k in keys]
         self.log.append((tags, entry))
         codes = codes_for(entry, len(keys))
         if codes is None:  # a raising store call: every key fails
-            return [Outcome.error(message="scripted raise")] * len(keys)
+            return tags, [Outcome.error(message="scripted raise")] * len(keys), []
         outs: list[Outcome] = [Outcome.error()] * len(keys)
-        go = [i for i, c in enumerate(codes) if c >= 0]
         for i, c in enumerate(codes):
             if c < 0:
                 outs[i] = Outcome.full(c) if c == -200 else Outcome.error(c)
+        return tags, outs, [i for i, c in enumerate(codes) if c >= 0]
+
+    def put_batch(self, keys: Sequence[str], buffers: Sequence[Any]) -> list[Outcome]:
+        tags, outs, go = self._scripted(keys)
         if go:
             real = self.inner.put_batch([keys[i] for i in go], [buffers[i] for i in go])
             for i, o in zip(go, real, strict=True):
@@ -122,17 +127,7 @@ class ScriptedStore(Store):
                     staging: Any = None) -> list[Outcome]:
         """As :meth:`put_batch`, on the inner store's one-pass path: the bytes a key's value
         is produced with are checked as they are written."""
-        entry = self.script.popleft() if self.script else "ok"
-        tags = [self.tag(k) for k in keys]
-        self.log.append((tags, entry))
-        codes = codes_for(entry, len(keys))
-        if codes is None:  # a raising store call: every key fails
-            return [Outcome.error(message="scripted raise")] * len(keys)
-        outs: list[Outcome] = [Outcome.error()] * len(keys)
-        go = [i for i, c in enumerate(codes) if c >= 0]
-        for i, c in enumerate(codes):
-            if c < 0:
-                outs[i] = Outcome.full(c) if c == -200 else Outcome.error(c)
+        tags, outs, go = self._scripted(keys)
 
         def checked(j: int, out: Any) -> None:
             i = go[j]
