@@ -63,3 +63,12 @@ def subset_match(expected: Any, got: Any) -> bool:
     if isinstance(expected, dict) and isinstance(got, dict):
         return all(k in got and subset_match(v, got[k]) for k, v in expected.items())
     return expected == got
+
+
+def project(expected: Any, got: Any) -> Any:
+    """``got`` cut down to the fields ``expected`` writes (recursively), so that loose-mode
+    renaming numbers the same ids on both sides: an adapter may observe ids in fields an
+    expectation leaves out (a captured trace pins only ``free`` on connector ops)."""
+    if isinstance(expected, dict) and isinstance(got, dict):
+        return {k: project(v, got[k]) for k, v in expected.items() if k in got}
+    return got

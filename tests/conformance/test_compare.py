@@ -26,3 +26,23 @@ def test_non_id_fields_untouched() -> None:
 def test_subset_match() -> None:
     assert subset_match({"hit": 6}, {"hit": 6, "free": 3})
     assert not subset_match({"hit": 6, "free": 2}, {"hit": 6, "free": 3})
+
+
+def test_loose_expectations_rename_only_the_fields_they_pin() -> None:
+    """An adapter that observes ids in a field the expectation leaves out (a captured trace's
+    connector op pins only ``free``) is renamed over the pinned fields only, as the
+    expectation is: the same ids then agree, a different pattern still diverges."""
+    from tailproof.conformance.compare import project
+
+    expects = [{"free": 4}, {"blocks": [[3, 8]]}]
+    observed = [{"free": 4, "pins": [8]}, {"blocks": [[3, 8]], "hit": 2}]
+    e, a, naive = Renamer(), Renamer(), Renamer()
+    want = [e.canon(x) for x in expects]
+    got = [a.canon(project(x, o)) for x, o in zip(expects, observed, strict=True)]
+    assert all(subset_match(w, g) for w, g in zip(want, got, strict=True))
+    # renaming the whole observation numbers 8 first and disagrees with the expectation
+    assert not subset_match(want[1], [naive.canon(o) for o in observed][1])
+    swapped = [a2.canon(project(x, o)) for a2 in [Renamer()]
+               for x, o in zip(expects, [{"free": 4}, {"blocks": [[8, 3]]}], strict=True)]
+    assert subset_match(want[1], swapped[1])  # a consistent renaming still agrees
+    assert not subset_match(want[1], Renamer().canon({"blocks": [[3, 3]]}))
