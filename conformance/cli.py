@@ -456,10 +456,12 @@ def register_capture(sub: Any) -> None:
     cap.add_argument("-o", "--output", required=True, metavar="FILE",
                      help="the trace to write")
     cap.add_argument("--seed", type=int, default=0, help="seed of the workload's choices")
-    cap.add_argument("--connector", default="none", choices=["none"],
-                     help="KV connector the scheduler runs with: none only (the capture "
-                          "workloads do not run connector workers yet; connector recording "
-                          "with in-process workers: docs/triage.md)")
+    cap.add_argument("--connector", default="none", choices=["none", "tailproof"],
+                     help="KV connector the scheduler runs with: none, or tailproof "
+                          "(TailproofConnector on the in-process memory store, worker ranks "
+                          "in-process; its calls and store runs are recorded as connector "
+                          "ops). store_failures and two_workers need tailproof; vLLM's "
+                          "MooncakeStoreConnector is not run (it needs a Mooncake store)")
     cap.add_argument("--geometry", default=None, metavar="G",
                      help=f"block geometry, one of: {', '.join(GEOMETRIES)} "
                           "(unset: fa16-m16-h4)")

@@ -4,7 +4,8 @@ Wraps the scheduler's connector (``get_num_new_matched_tokens`` -> ``sched_looku
 ``build_connector_meta`` -> ``conn_step``, ``update_connector_output`` -> ``worker_report``)
 and each worker connector's ``wait_for_save`` (-> ``worker_run``, once the rank's single
 sender thread has run the queued jobs); the scheduler's
-``finalize_partial_tail_offloads`` (``Scheduler._connector_finished``) becomes ``conn_finish``.
+``finalize_partial_tail_offloads`` with the ``remove_skipped_blocks`` that follows it
+(``Scheduler._connector_finished``) becomes ``conn_finish``.
 Connector ops expect ``free`` (and ``sched_lookup`` what the connector answered: ``ext``,
 ``async``); their other effects (pins, loads) are checked through ``free`` and every later
 core observation. Worker ranks must live in the recording process (the
@@ -153,8 +154,34 @@ def install(rec: Any, workers: list[Any],
     def on_finish(orig: Any, request: Any) -> Any:
         rec._sync(request)
         out = orig(request)
-        rec._emit({"op": "conn_finish", "rid": request.request_id}, {})
+        rec._finish_pending = request.request_id  # written after remove_skipped_blocks
         return out
 
     rec._on_truncate_computed_blocks = on_truncate
     rec._on_finalize_partial_tail_offloads = on_finish
+    rec._finish_pending = None
+
+
+def install_finish_hand_off(rec: Any) -> None:
+    """``Scheduler._connector_finished`` calls ``finalize_partial_tail_offloads`` and then
+    ``remove_skipped_blocks`` before the connector sees the block table: both are the
+    ``conn_finish`` op (its ``free`` is read after the second). Installed over the recorder's
+    own wrappers (``Recorder.install``), so the call is not counted as unmodelled."""
+    mgr = rec.scheduler.kv_cache_manager
+    orig = mgr.remove_skipped_blocks
+
+    @functools.wraps(orig)
+    def remove_skipped_blocks(*a: Any, **k: Any) -> Any:
+        rid = rec._finish_pending
+        if rid is None or rec._depth:
+            return orig(*a, **k)
+        rec._finish_pending = None
+        rec._depth += 1
+        try:
+            out = orig(*a, **k)
+        finally:
+            rec._depth -= 1
+        rec._emit({"op": "conn_finish", "rid": rid}, {})
+        return out
+
+    mgr.remove_skipped_blocks = remove_skipped_blocks

@@ -4,7 +4,9 @@ The scheduler, its ``KVCacheManager`` and (when configured) its KV connector are
 built from a ``VllmConfig`` the way the engine core builds them; the model is the weightless
 hybrid stand-in (``tiny_hybrid``). Only the model runner is played here: each step's sampled
 token is a deterministic function of the seed and the sequence so far, and the step's output
-goes back through ``Scheduler.update_from_output`` as a ``ModelRunnerOutput``.
+goes back through ``Scheduler.update_from_output`` as a ``ModelRunnerOutput``. With
+``num_workers`` set, the scheduler runs ``TailproofConnector`` (memory store) and the worker
+ranks run in this process (``workers.WorkerRanks``), each step's connector output included.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ class CaptureEngine:
                  num_blocks: int = 256, max_batched: int = 2048, max_num_seqs: int = 16,
                  long_prefill_token_threshold: int = 0, seed: int = 0,
                  max_model_len: int = 4096,
-                 kv_transfer: dict[str, Any] | None = None) -> None:
+                 kv_transfer: dict[str, Any] | None = None,
+                 num_workers: int | None = None) -> None:
         from vllm.config import (
             CacheConfig,
             DeviceConfig,
@@ -49,6 +52,8 @@ class CaptureEngine:
 
         init_none_hash(sha256)
         tiny_hybrid.register()
+        if num_workers is not None and kv_transfer is None:
+            kv_transfer = tailproof_connector_config()
         self.h = h
         self.seed = seed
         sizes = [b for _, b in groups]
@@ -73,6 +78,16 @@ class CaptureEngine:
         self.sched = Scheduler(self.vllm_config, self.kv_cache_config,
                                StructuredOutputManager(self.vllm_config),
                                block_size=_lcm(sizes), hash_block_size=h, log_stats=False)
+        self.ranks: Any = None
+        if num_workers is not None:
+            from tailproof.conformance.capture.workers import WorkerRanks
+
+            # Deferred frees are not modelled by the trace format (docs/triage.md).
+            self.sched.defer_block_free = False
+            side = self.sched.connector.scheduler_side
+            side.num_workers = side.lookup_client.world = num_workers
+            self.ranks = WorkerRanks(self.vllm_config, self.kv_cache_config, groups,
+                                     num_blocks, num_workers)
         self.requests: dict[str, Any] = {}
         self.steps = 0
 
@@ -114,6 +129,13 @@ class CaptureEngine:
         from vllm.v1.outputs import ModelRunnerOutput
 
         so = self.sched.schedule()
+        if self.ranks is not None:
+            mro, log = self.ranks.step(self.sched, so, self.next_token)
+            if log.byte_errors:  # a load returned bytes of another prefix: never record it
+                raise RuntimeError(f"step {self.steps}: {log.byte_errors[0]}")
+            self.sched.update_from_output(so, mro)
+            self.steps += 1
+            return dict(so.num_scheduled_tokens)
         rids = list(so.num_scheduled_tokens)
         reqs = self.sched.requests
         sampled = []
@@ -128,17 +150,32 @@ class CaptureEngine:
         return dict(so.num_scheduled_tokens)
 
     def run(self, max_steps: int = 10_000) -> int:
-        """Step until no request is left; returns the number of steps taken."""
+        """Step until no request is left (and no store job holds a pin); returns the number
+        of steps taken."""
         n = 0
-        while self.sched.has_requests() and n < max_steps:
+        while self._busy() and n < max_steps:
             self.step()
             n += 1
-        if self.sched.has_requests():
+        if self._busy():
             raise RuntimeError(f"engine still busy after {max_steps} steps")
         return n
 
+    def _busy(self) -> bool:
+        conn = self.sched.connector
+        return self.sched.has_requests() or (conn is not None and conn.has_pending_push_work())
+
     def shutdown(self) -> None:
+        if self.ranks is not None:
+            self.ranks.shutdown()
         self.sched.shutdown()
+
+
+def tailproof_connector_config() -> dict[str, Any]:
+    """``--kv-transfer-config`` of ``TailproofConnector`` on the in-process memory store."""
+    return {"kv_connector": "TailproofConnector",
+            "kv_connector_module_path": "tailproof.impl.connector", "kv_role": "kv_both",
+            "kv_connector_extra_config": {"store": "memory"},
+            "kv_load_failure_policy": "recompute"}
 
 
 def kv_cache_config(num_blocks: int, groups: tuple[tuple[str, int], ...], h: int) -> Any:

@@ -289,6 +289,8 @@ class Recorder:
 
             connector_recorder.install(rec, workers, store_plan)
         rec.install()
+        if workers is not None:
+            connector_recorder.install_finish_hand_off(rec)
         return rec
 
     def install(self) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -10,7 +11,7 @@ from tailproof.conformance.capture.engine import DEFAULT_GROUPS, CaptureEngine
 from tailproof.conformance.capture.recorder import Recorder
 from tailproof.conformance.capture.workloads import GEOMETRIES, WORKLOADS
 
-CONNECTORS = ("none",)
+CONNECTORS = ("none", "tailproof")
 
 
 class CaptureError(ValueError):
@@ -32,8 +33,11 @@ def check_arguments(workload: str, connector: str, geometry: str | None) -> None
                            f"(known: {', '.join(WORKLOADS)})")
     if connector not in CONNECTORS:
         raise CaptureError(f"--connector: {connector!r} is not supported (supported: "
-                           f"{', '.join(CONNECTORS)}; the capture workloads do not run "
-                           "connector workers yet)")
+                           f"{', '.join(CONNECTORS)}; vLLM's MooncakeStoreConnector needs a "
+                           "Mooncake store, which the capture workloads do not run)")
+    if connector == "none" and WORKLOADS[workload].num_workers is not None:
+        raise CaptureError(f"--connector: workload {workload!r} runs the KV connector; "
+                           "pass --connector tailproof")
     if geometry is not None and geometry not in GEOMETRIES:
         raise CaptureError(f"--geometry: unknown geometry {geometry!r} "
                            f"(known: {', '.join(GEOMETRIES)})")
@@ -46,13 +50,28 @@ def capture(workload: str, path: str | Path, *, seed: int = 0, connector: str = 
     check_arguments(workload, connector, geometry)
     w = WORKLOADS[workload]
     groups, h = GEOMETRIES[geometry] if geometry else (DEFAULT_GROUPS, 4)
-    engine = CaptureEngine(groups=groups, h=h, seed=seed, **w.engine)
+    workers = (w.num_workers or 1) if connector == "tailproof" else None
+    engine = CaptureEngine(groups=groups, h=h, seed=seed, num_workers=workers, **w.engine)
     name = f"cap_{workload}" + (f"_{geometry}" if geometry else "") + (f"_s{seed}" if seed else "")
     desc = (f"Captured by `tailproof capture --workload {workload} --seed {seed}"
-            + (f" --geometry {geometry}" if geometry else "") + "` from vLLM 0.33's real "
-            f"Scheduler on CPU. {' '.join(w.description.split())}")
-    rec = Recorder.attach(engine.sched, path, redact=redact, max_bytes=max_bytes, name=name,
-                          description=desc)
+            + (f" --geometry {geometry}" if geometry else "")
+            + (f" --connector {connector}" if workers else "") + "` from vLLM 0.33's real "
+            "Scheduler on CPU" + (f" with TailproofConnector (memory store, {workers} "
+                                   "in-process worker rank(s))" if workers else "")
+            + f". {' '.join(w.description.split())}")
+    plan = None
+    if workers and w.store_plan is not None:
+        store_plan = w.store_plan
+        def plan(rank: int) -> Callable[[], str]:
+            return store_plan(seed, rank)
+    try:
+        rec = Recorder.attach(engine.sched, path, redact=redact, max_bytes=max_bytes, name=name,
+                              description=desc,
+                              workers=engine.ranks.connectors if workers else None,
+                              store_plan=plan)
+    except BaseException:
+        engine.shutdown()
+        raise
     rec.enable_snapshots()
     try:
         w.run(engine, random.Random(seed))

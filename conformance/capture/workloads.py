@@ -28,6 +28,10 @@ class Workload:
     description: str
     run: Callable[[CaptureEngine, random.Random], None]
     engine: dict[str, Any] = field(default_factory=dict)
+    # Connector workloads: worker ranks they need (None: runs with or without a connector),
+    # and the store's scripted put outcomes per rank (``seed, rank -> plan``).
+    num_workers: int | None = None
+    store_plan: Callable[[int, int], Callable[[], str]] | None = None
 
 
 def _drain(e: CaptureEngine, steps: int | None = None) -> None:
@@ -136,6 +140,43 @@ def resend(e: CaptureEngine, rng: random.Random) -> None:
         e.reset_prefix_cache()
 
 
+def _turns_with_resets(e: CaptureEngine, rng: random.Random, users: int, turns: int) -> None:
+    """Users sharing a system prompt, turn after turn; the device prefix cache is cleared
+    after every other turn, so the next turn's lookups are served by the connector's store."""
+    system = _text(rng, 60)
+    hist = {f"u{u}": system + _text(rng, rng.randrange(5, 30)) for u in range(users)}
+    for turn in range(turns):
+        for uid, ctx in hist.items():
+            e.add(f"{uid}t{turn}", ctx, max_tokens=rng.randrange(2, 7))
+            _drain(e, rng.randrange(0, 2))
+        _drain(e)
+        for uid in hist:
+            hist[uid] = hist[uid] + e.output_of(f"{uid}t{turn}") + _text(rng, rng.randrange(4, 20))
+        if turn % 2:
+            assert e.reset_prefix_cache(), "reset_prefix_cache refused with the engine idle"
+
+
+def store_failures(e: CaptureEngine, rng: random.Random) -> None:
+    """Users sharing a system prompt over several turns, the device prefix cache cleared
+    between turns, while the store refuses put batches (full, error, timeout) on a script:
+    a refused key is absent, so later lookups stop at it and recompute (fail closed: a
+    miss, never wrong bytes). Needs ``--connector tailproof``."""
+    _turns_with_resets(e, rng, users=3, turns=6)
+
+
+def two_workers(e: CaptureEngine, rng: random.Random) -> None:
+    """The same turns on two worker ranks: every store job and load runs on both ranks,
+    and a key counts as stored only when every rank stored it. Needs ``--connector
+    tailproof``."""
+    _turns_with_resets(e, rng, users=3, turns=6)
+
+
+def _refusal_plan(seed: int, rank: int) -> Callable[[], str]:
+    """One put batch in three refused: full, error or timeout, from ``seed`` and ``rank``."""
+    r = random.Random(seed * 1009 + rank)
+    return lambda: r.choice(["ok"] * 3 + ["full", "error", "timeout"])
+
+
 def mixed(e: CaptureEngine, rng: random.Random) -> None:
     """A serving mix on one engine: chat conversations, then agents sharing a system
     prompt, then prefill-only requests, each finding the cache the previous ones left."""
@@ -153,6 +194,9 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in [
     Workload("max_tokens_1", max_tokens_1.__doc__ or "", max_tokens_1),
     Workload("resend", resend.__doc__ or "", resend),
     Workload("mixed", mixed.__doc__ or "", mixed),
+    Workload("store_failures", store_failures.__doc__ or "", store_failures,
+             num_workers=1, store_plan=_refusal_plan),
+    Workload("two_workers", two_workers.__doc__ or "", two_workers, num_workers=2),
 ]}
 
 # Block geometries the corpus captures each workload on: (groups, h).
