@@ -22,7 +22,7 @@ from tailproof.conformance.steps import Steps, op
 
 __all__ = ["GEOMETRIES", "LockstepDivergence", "lockstep_trace", "write_case"]
 
-FA, M = "full_attention", "mamba_align"
+FA, M, SW = "full_attention", "mamba_align", "sliding_window"
 Geometry = tuple[list[tuple[str, int, bool]], int, bool]  # (groups, h, use_eagle)
 
 # The corpus's geometries and a few more shapes vLLM accepts.
@@ -31,6 +31,10 @@ GEOMETRIES: list[Geometry] = [
     ([(FA, 4, False), (M, 4, False)], 2, False),
     ([(FA, 4, False), (M, 16, False)], 4, False),
     ([(FA, 16, False), (M, 16, False)], 4, False),
+    # Sliding-window groups (window = block + 1, geometry_config): partial hits off (block
+    # != h) with EAGLE on the window, and on (block == h).
+    ([(FA, 16, False), (SW, 16, True), (M, 64, False)], 8, True),
+    ([(FA, 4, False), (SW, 4, False), (M, 16, False)], 4, False),
     ([(FA, 16, True), (M, 16, False)], 4, True),
     ([(FA, 8, False), (M, 8, False), (M, 8, False)], 4, False),
     ([(FA, 8, False), (M, 8, False)], 8, False),  # partial hits off
@@ -65,7 +69,8 @@ def with_junction_checkpoint(geometry: Geometry) -> Geometry:
 def geometry_config(geometry: Geometry, num_blocks: int, **settings: Any) -> dict[str, Any]:
     """The trace config of a geometry."""
     groups, h, eagle = geometry
-    return {"groups": [{"kind": k, "block_size": b, **({"eagle": True} if e else {})}
+    return {"groups": [{"kind": k, "block_size": b, **({"eagle": True} if e else {}),
+                        **({"sliding_window": b + 1} if k == SW else {})}
                        for k, b, e in groups],
             "hash_block_size": h, "num_blocks": num_blocks, "use_eagle": eagle, **settings}
 

@@ -18,7 +18,7 @@ from tailproof.conformance.trace_checks import CheckError, check_config, check_o
 from tailproof.spec.arithmetic import lcm_all
 
 FORMAT_TAG = "tailproof-trace/1"
-GROUP_KINDS = ("full_attention", "mamba_align")
+GROUP_KINDS = ("full_attention", "sliding_window", "mamba_align")
 
 
 class TraceError(ValueError):
@@ -30,6 +30,7 @@ class GroupConfig:
     kind: str
     block_size: int
     eagle: bool = False
+    sliding_window: int | None = None  # tokens, for a sliding_window group only
 
     @property
     def is_mamba(self) -> bool:
@@ -103,7 +104,8 @@ def _parse_config(doc: Any, source: str) -> TraceConfig:
         where = f"config.groups[{i}]"
         if not isinstance(g, dict):
             raise _err(source, where, "must be an object")
-        extra = sorted(set(g) - {"kind", "block_size", "eagle", "mamba_cache_mode"})
+        extra = sorted(set(g) - {"kind", "block_size", "eagle", "mamba_cache_mode",
+                                 "sliding_window"})
         if extra:
             raise _err(source, f"{where}.{extra[0]}", "unknown group key")
         kind = g.get("kind")
@@ -113,8 +115,8 @@ def _parse_config(doc: Any, source: str) -> TraceConfig:
                        f"Mamba groups must be in align mode (got {kind!r}, mode {mode!r})")
         if kind not in GROUP_KINDS:
             raise _err(source, f"{where}.kind", f"must be one of {list(GROUP_KINDS)}, got {kind!r}")
-        if kind == "full_attention" and seen_mamba:
-            raise _err(source, f"{where}.kind", "full_attention groups must precede Mamba groups")
+        if kind != "mamba_align" and seen_mamba:
+            raise _err(source, f"{where}.kind", f"{kind} groups must precede Mamba groups")
         seen_mamba |= kind == "mamba_align"
         bs = g.get("block_size")
         if not _is_int(bs) or bs <= 0:
@@ -122,7 +124,14 @@ def _parse_config(doc: Any, source: str) -> TraceConfig:
         eagle = g.get("eagle", False)
         if not isinstance(eagle, bool):
             raise _err(source, f"{where}.eagle", "must be a bool")
-        groups.append(GroupConfig(kind, bs, eagle))
+        window = g.get("sliding_window")
+        if kind == "sliding_window":
+            if not _is_int(window) or window <= 0:
+                raise _err(source, f"{where}.sliding_window",
+                           f"must be an int > 0 for a sliding_window group, got {window!r}")
+        elif window is not None:
+            raise _err(source, f"{where}.sliding_window", "only sliding_window groups have one")
+        groups.append(GroupConfig(kind, bs, eagle, window))
     h = doc.get("hash_block_size")
     if not _is_int(h) or h <= 0:
         raise _err(source, "config.hash_block_size", f"must be an int > 0, got {h!r}")
@@ -159,6 +168,10 @@ def _parse_config(doc: Any, source: str) -> TraceConfig:
     connector = doc.get("connector")
     if connector is not None:
         connector = _validate_connector(connector, source)
+        if any(g.kind == "sliding_window" for g in groups):
+            # The reference connector has no store mask for a window (trace-format.md).
+            raise _err(source, "config.connector",
+                       "not supported with a sliding_window group (core traces only)")
     return TraceConfig(tuple(groups), h, nb, connector=connector, **kw)
 
 

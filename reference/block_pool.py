@@ -161,15 +161,17 @@ class BlockPool:
         num_full_blocks: int,
         block_size: int,
         group_id: int,
+        block_mask: list[bool] | None = None,
     ) -> None:
-        """mirrors BlockPool.cache_full_blocks (dense: no block mask). A block that already has
-        a shorter (partial) key is promoted: its old keys are removed first."""
+        """mirrors BlockPool.cache_full_blocks: null blocks and blocks the mask leaves out are
+        skipped. A block that already has a shorter (partial) key is promoted: its old keys are
+        removed first."""
         if num_cached_blocks >= num_full_blocks:
             return
         hashes = request.block_hashes
         h = self.hash_block_size
         for i, blk in enumerate(blocks[num_cached_blocks:num_full_blocks], num_cached_blocks):
-            if blk.is_null:
+            if blk.is_null or (block_mask is not None and not block_mask[i - num_cached_blocks]):
                 continue
             num_tokens = (i + 1) * block_size
             key = make_key(group_id, num_tokens, hashes, h)

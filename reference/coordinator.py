@@ -8,13 +8,31 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tailproof.reference.block_pool import Block, BlockPool
-from tailproof.reference.geometry import FULL_ATTENTION, MAMBA_ALIGN, Geometry
+from tailproof.reference.geometry import FULL_ATTENTION, MAMBA_ALIGN, SLIDING_WINDOW, Geometry
 from tailproof.reference.hashing import BlockHash
-from tailproof.reference.managers import FullAttentionManager, MambaAlignManager
+from tailproof.reference.managers import (
+    FullAttentionManager,
+    MambaAlignManager,
+    SlidingWindowManager,
+)
 from tailproof.reference.request import Request
 from tailproof.spec.arithmetic import cdiv, eagle_proof_margin, round_down
 
-Manager = FullAttentionManager  # MambaAlignManager is a subclass
+Manager = FullAttentionManager  # the other managers are subclasses
+
+
+def _find_hit(
+    kind: str, block_hashes: list[BlockHash], max_length: int, group_ids: Sequence[int],
+    pool: BlockPool, block_size: int, drop: bool, alignment: int, window: int | None,
+) -> tuple[list[list[Block]], int]:
+    """The ``find_longest_cache_hit`` of the manager class of ``kind``."""
+    if kind == SLIDING_WINDOW:
+        assert window is not None
+        return SlidingWindowManager.find_window_hit(
+            block_hashes, max_length, group_ids, pool, block_size, drop, alignment, window)
+    cls = MambaAlignManager if kind == MAMBA_ALIGN else FullAttentionManager
+    return cls.find_longest_cache_hit(
+        block_hashes, max_length, group_ids, pool, block_size, drop, alignment)
 
 
 class Coordinator:
@@ -23,9 +41,15 @@ class Coordinator:
         self.block_pool = BlockPool(geo.num_blocks, geo.enable_caching, geo.hash_block_size)
         managers: list[Manager] = []
         for gid, g in enumerate(geo.groups):
-            cls = MambaAlignManager if g.kind == MAMBA_ALIGN else FullAttentionManager
-            m = cls(g.block_size, self.block_pool, gid, geo.enable_caching,
-                    geo.scheduler_block_size)
+            m: Manager
+            if g.kind == SLIDING_WINDOW:
+                assert g.sliding_window is not None
+                m = SlidingWindowManager(g.block_size, self.block_pool, gid, geo.enable_caching,
+                                         geo.scheduler_block_size, g.sliding_window)
+            else:
+                cls = MambaAlignManager if g.kind == MAMBA_ALIGN else FullAttentionManager
+                m = cls(g.block_size, self.block_pool, gid, geo.enable_caching,
+                        geo.scheduler_block_size)
             m.use_eagle = geo.manager_use_eagle[gid]
             if geo.coordinator_kind == "hybrid":
                 m.cache_hit_alignment_tokens = geo.alignment
@@ -49,9 +73,10 @@ class Coordinator:
         if kind == "unitary":
             # mirrors UnitaryKVCacheCoordinator.find_longest_cache_hit (alignment = block size).
             m = self.managers[0]
-            blocks, hit = type(m).find_longest_cache_hit(
-                block_hashes, max_cache_hit_length, [0], self.block_pool, m.block_size,
-                0 in self.geo.drop_eagle_group_ids, m.block_size,
+            g = self.geo.groups[0]
+            blocks, hit = _find_hit(
+                g.kind, block_hashes, max_cache_hit_length, [0], self.block_pool, m.block_size,
+                0 in self.geo.drop_eagle_group_ids, m.block_size, g.sliding_window,
             )
             return blocks, hit, 0
         return self._find_hybrid(block_hashes, max_cache_hit_length)
@@ -86,12 +111,13 @@ class Coordinator:
                 max_length = curr
                 if drop and sg.kind != MAMBA_ALIGN:
                     # The EAGLE proof margin; Mamba never gets it (its finder never drops).
-                    margin = eagle_proof_margin(sg.block_size, h, geo.partial_hits)
+                    # A sliding window has no fine-grained lookup: its margin is one block.
+                    margin = eagle_proof_margin(
+                        sg.block_size, h, geo.partial_hits and sg.kind == FULL_ATTENTION)
                     max_length = min(curr + margin, len(block_hashes) * h)
-                cls = MambaAlignManager if sg.kind == MAMBA_ALIGN else FullAttentionManager
-                blocks, new_len = cls.find_longest_cache_hit(
-                    block_hashes, max_length, sg.group_ids, self.block_pool, sg.block_size,
-                    drop, alignment,
+                blocks, new_len = _find_hit(
+                    sg.kind, block_hashes, max_length, sg.group_ids, self.block_pool,
+                    sg.block_size, drop, alignment, sg.sliding_window,
                 )
                 if drop:
                     eagle_verified.add(idx)

@@ -12,17 +12,20 @@ from typing import Any
 from tailproof.spec.arithmetic import hit_alignment, lcm_all, partial_hash_hits_enabled
 
 FULL_ATTENTION = "full_attention"
+SLIDING_WINDOW = "sliding_window"
 MAMBA_ALIGN = "mamba_align"
-KINDS = (FULL_ATTENTION, MAMBA_ALIGN)
+KINDS = (FULL_ATTENTION, SLIDING_WINDOW, MAMBA_ALIGN)
 
 
 @dataclass(frozen=True)
 class GroupSpec:
-    """One KV cache group (``KVCacheGroupSpec``): its manager kind, block size, EAGLE flag."""
+    """One KV cache group (``KVCacheGroupSpec``): its manager kind, block size, EAGLE flag
+    and, for a sliding-window group, its window in tokens (``SlidingWindowSpec``)."""
 
     kind: str
     block_size: int
     eagle: bool = False
+    sliding_window: int | None = None
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,7 @@ class SpecGroup:
     block_size: int
     group_ids: tuple[int, ...]
     use_eagle: bool
+    sliding_window: int | None = None
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,8 @@ class Geometry:
                 raise ValueError(f"unsupported group kind {g.kind!r}")
             if g.block_size % h:
                 raise ValueError(f"hash_block_size {h} must divide block size {g.block_size}")
+            if (g.kind == SLIDING_WINDOW) != (g.sliding_window is not None):
+                raise ValueError("a window is given exactly for sliding-window groups")
         # resolve_kv_cache_block_sizes: lcm of the groups when hybrid, else the one block size.
         sbs = lcm_all(sizes) if len(sizes) > 1 else sizes[0]
         # get_kv_cache_coordinator: no caching -> NoPrefixCache; one group -> Unitary.
@@ -77,8 +83,11 @@ class Geometry:
                 raise ValueError("UnitaryKVCacheCoordinator assumes hash_block_size == block_size")
         else:
             kind = "hybrid"
+        # kv_cache_utils.partial_hash_hits_enabled with the manager classes: a
+        # SlidingWindowManager (no fine-grained lookup) whose block is not h turns hits off.
         partial = partial_hash_hits_enabled(
-            [g.block_size for g in self.groups if g.kind == MAMBA_ALIGN], h, kind == "hybrid")
+            [g.block_size for g in self.groups if g.kind == MAMBA_ALIGN], h, kind == "hybrid"
+        ) and all(g.block_size == h for g in self.groups if g.kind == SLIDING_WINDOW)
         # HybridKVCacheCoordinator._cache_hit_alignment_tokens; other coordinators keep the
         # manager default (scheduler_block_size).
         alignment = hit_alignment(h, sbs, partial)
@@ -157,7 +166,8 @@ class Geometry:
     def from_config(cls, config: Any) -> Geometry:
         """Build from a ``TraceConfig`` (or anything with the same fields)."""
         groups = tuple(
-            GroupSpec(g.kind, int(g.block_size), bool(getattr(g, "eagle", False)))
+            GroupSpec(g.kind, int(g.block_size), bool(getattr(g, "eagle", False)),
+                      getattr(g, "sliding_window", None))
             for g in config.groups
         )
         return cls(
@@ -179,17 +189,19 @@ def _split_spec_groups(
     groups: tuple[GroupSpec, ...], drop_ids: frozenset[int]
 ) -> tuple[SpecGroup, ...]:
     """Mirrors ``HybridKVCacheCoordinator.verify_and_split_kv_cache_groups``: groups with an
-    equal spec (here: same kind and block size) are merged, full attention sorted first."""
+    equal spec (here: same kind, block size and window) are merged, full attention first."""
     merged: list[SpecGroup] = []
     for i, g in enumerate(groups):
         eagle = i in drop_ids
         for idx, sg in enumerate(merged):
-            if sg.kind == g.kind and sg.block_size == g.block_size:
+            if (sg.kind, sg.block_size, sg.sliding_window) == (
+                    g.kind, g.block_size, g.sliding_window):
                 merged[idx] = SpecGroup(
-                    sg.kind, sg.block_size, (*sg.group_ids, i), sg.use_eagle or eagle
+                    sg.kind, sg.block_size, (*sg.group_ids, i), sg.use_eagle or eagle,
+                    sg.sliding_window,
                 )
                 break
         else:
-            merged.append(SpecGroup(g.kind, g.block_size, (i,), eagle))
+            merged.append(SpecGroup(g.kind, g.block_size, (i,), eagle, g.sliding_window))
     merged.sort(key=lambda sg: sg.kind != FULL_ATTENTION)  # stable, like list.sort
     return tuple(merged)

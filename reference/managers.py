@@ -1,9 +1,9 @@
-"""Per-group block tables: full attention and Mamba "align" (mirrors
+"""Per-group block tables: full attention, sliding window and Mamba "align" (mirrors
 ``v1/core/single_type_kv_cache_manager.py``).
 
-Out of scope and therefore absent: sliding window, DCP/PCP, speculative Mamba blocks
-(``num_speculative_blocks == 0``), internal prefill checkpoints, sparse retention (dense only),
-shared-prefix junctions, KV events, zeroing bookkeeping.
+Out of scope and therefore absent: MTP's extra retained window tokens, DCP/PCP, speculative
+Mamba blocks (``num_speculative_blocks == 0``), internal prefill checkpoints, sparse retention
+(dense only), shared-prefix junctions, KV events, zeroing bookkeeping.
 """
 
 from __future__ import annotations
@@ -288,6 +288,137 @@ class FullAttentionManager:
         self, request_id: str, num_computed_tokens: int, num_in_flight_tokens: int
     ) -> tuple[int, Block, int] | None:
         return None
+
+
+class SlidingWindowManager(FullAttentionManager):
+    """``SlidingWindowManager``: tokens before the window are skipped, their blocks freed and
+    replaced by the null block; a hit needs ``cdiv(window - 1, block_size)`` contiguous cached
+    blocks (one more with EAGLE), found right to left; caching keeps only the blocks a hit at
+    an aligned length can use (``reachable_block_mask``, dense retention)."""
+
+    kind = "sliding_window"
+
+    def __init__(
+        self,
+        block_size: int,
+        pool: BlockPool,
+        group_id: int,
+        enable_caching: bool,
+        scheduler_block_size: int,
+        sliding_window: int,
+    ) -> None:
+        super().__init__(block_size, pool, group_id, enable_caching, scheduler_block_size)
+        self.sliding_window = sliding_window
+
+    @staticmethod
+    def contiguous_blocks_for_hit(window: int, block_size: int, use_eagle: bool) -> int:
+        # mirrors SlidingWindowManager._contiguous_blocks_for_hit
+        return cdiv(window - 1, block_size) + (1 if use_eagle else 0)
+
+    @staticmethod
+    def find_window_hit(
+        block_hashes: list[BlockHash],
+        max_length: int,
+        group_ids: Sequence[int],
+        pool: BlockPool,
+        block_size: int,
+        drop_eagle_block: bool,
+        alignment: int,
+        window: int,
+    ) -> tuple[list[list[Block]], int]:
+        """mirrors SlidingWindowManager.find_longest_cache_hit: block-granular hashes, a right
+        to left scan for enough contiguous cached blocks (the run's right edge aligned), the
+        blocks before it null, then the EAGLE drop and re-alignment."""
+        h = pool.hash_block_size
+        need = SlidingWindowManager.contiguous_blocks_for_hit(window, block_size,
+                                                              drop_eagle_block)
+        max_num_blocks = max_length // block_size
+        null = pool.null_block
+        computed: list[list[Block]] = [[null] * max_num_blocks for _ in group_ids]
+        num_contiguous = 0
+        match_found = False
+        for i in range(max_num_blocks - 1, -1, -1):
+            boundary = (i + 1) * block_size
+            cached = pool.get_cached_block(block_hashes[boundary // h - 1], boundary, group_ids)
+            if cached:
+                if num_contiguous == 0 and block_size != alignment:
+                    post_pop_blocks = i if drop_eagle_block else i + 1
+                    if (post_pop_blocks * block_size) % alignment != 0:
+                        continue
+                for out, blk in zip(computed, cached, strict=True):
+                    out[i] = blk
+                num_contiguous += 1
+                if num_contiguous >= need:
+                    for out in computed:
+                        del out[i + num_contiguous:]
+                    match_found = True
+                    break
+            else:
+                num_contiguous = 0
+        if not match_found:
+            for out in computed:
+                del out[num_contiguous:]
+            while block_size != alignment and len(computed[0]) * block_size % alignment != 0:
+                for out in computed:
+                    out.pop()
+        if drop_eagle_block and computed[0]:
+            for out in computed:
+                out.pop()
+            while block_size != alignment and len(computed[0]) * block_size % alignment != 0:
+                for out in computed:
+                    out.pop()
+        return computed, len(computed[0]) * block_size
+
+    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        """mirrors SlidingWindowManager.get_num_skipped_tokens (no extra retained tokens)."""
+        return max(0, num_computed_tokens - self.sliding_window + 1)
+
+    def _reachable_block_mask(self, start_block: int, end_block: int) -> list[bool] | None:
+        """mirrors SlidingWindowManager.reachable_block_mask with dense retention
+        (``retention_interval`` None, no final segment): per aligned segment, the ``need``
+        blocks whose run ends on its boundary (shifted one block by the EAGLE peek)."""
+        alignment = self.cache_hit_alignment_tokens
+        if alignment % self.block_size != 0:
+            return None
+        need = self.contiguous_blocks_for_hit(self.sliding_window, self.block_size,
+                                              self.use_eagle)
+        shift = 1 if self.use_eagle else 0
+        per_segment = alignment // self.block_size
+        if need >= per_segment:
+            return None
+        return [i >= shift and (i - shift) % per_segment >= per_segment - need
+                for i in range(start_block, end_block)]
+
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        """mirrors SingleTypeKVCacheManager.cache_blocks (no partial tail entry for a window)."""
+        rid = request.request_id
+        num_cached = self.num_cached_block.get(rid, 0)
+        num_hashed = len(request.block_hashes) * self.block_pool.hash_block_size
+        num_full = min(num_tokens, num_hashed) // self.block_size
+        if num_cached >= num_full:
+            return
+        self.block_pool.cache_full_blocks(
+            request, self.req_to_blocks[rid], num_cached, num_full, self.block_size,
+            self.kv_cache_group_id, self._reachable_block_mask(num_cached, num_full),
+        )
+        self.num_cached_block[rid] = num_full
+
+    def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int) -> None:
+        """mirrors SingleTypeKVCacheManager.remove_skipped_blocks / _remove_blocks_in_range:
+        the blocks before the window, freed back to front up to the first null."""
+        num_skipped = self.get_num_skipped_tokens(processed_computed_tokens)
+        if num_skipped <= 0 or request_id not in self.req_to_blocks:
+            return
+        blocks = self.req_to_blocks[request_id]
+        last = min(num_skipped // self.block_size, len(blocks))
+        freed: list[Block] = []
+        for i in range(last - 1, -1, -1):
+            if blocks[i] is self._null_block:
+                break
+            freed.append(blocks[i])
+            blocks[i] = self._null_block
+        if freed:
+            self.block_pool.free_blocks(freed)
 
 
 class MambaAlignManager(FullAttentionManager):

@@ -33,6 +33,7 @@ def _vllm() -> SimpleNamespace:
         KVCacheConfig,
         KVCacheGroupSpec,
         MambaSpec,
+        SlidingWindowSpec,
     )
     from vllm.v1.request import Request, RequestStatus
 
@@ -43,7 +44,8 @@ def _vllm() -> SimpleNamespace:
         torch=torch, SamplingParams=SamplingParams, sha256=sha256, KVCacheManager=KVCacheManager,
         get_request_block_hasher=get_request_block_hasher, Scheduler=Scheduler,
         FullAttentionSpec=FullAttentionSpec, KVCacheConfig=KVCacheConfig,
-        KVCacheGroupSpec=KVCacheGroupSpec, MambaSpec=MambaSpec, Request=Request,
+        KVCacheGroupSpec=KVCacheGroupSpec, MambaSpec=MambaSpec,
+        SlidingWindowSpec=SlidingWindowSpec, Request=Request,
         RequestStatus=RequestStatus)
 
 
@@ -59,6 +61,10 @@ class VllmCoreBackend:
                 spec = v.MambaSpec(block_size=g.block_size, shapes=((1,), (1,)),
                                    dtypes=(v.torch.float32, v.torch.float32),
                                    mamba_cache_mode="align")
+            elif g.kind == "sliding_window":
+                spec = v.SlidingWindowSpec(block_size=g.block_size, num_kv_heads=1,
+                                           head_size=1, dtype=v.torch.float32,
+                                           sliding_window=g.sliding_window)
             else:
                 spec = v.FullAttentionSpec(block_size=g.block_size, num_kv_heads=1,
                                            head_size=1, dtype=v.torch.float32)

@@ -58,7 +58,7 @@ def test_generated_traces_cover_every_core_op(capsys: pytest.CaptureFixture[str]
 
     coverage: Counter[str] = Counter()
 
-    @settings(max_examples=60, derandomize=True, database=None, deadline=None,
+    @settings(max_examples=80, derandomize=True, database=None, deadline=None,
               phases=[Phase.generate], suppress_health_check=list(HealthCheck))
     @given(st.data())
     def draw(data: st.DataObject) -> None:
@@ -68,12 +68,14 @@ def test_generated_traces_cover_every_core_op(capsys: pytest.CaptureFixture[str]
         coverage.update("rollback.rejected" for o in run.ops
                         if o["op"] == "rollback" and o["n"])
         coverage.update("allocate.delay_cache" for o in run.ops if o.get("delay_cache"))
+        coverage.update("groups.sliding_window" for g in run.config_doc["groups"]
+                        if "sliding_window" in g)
 
     draw()
     with capsys.disabled():
-        print("\ncore generator op coverage over 60 traces: "
+        print("\ncore generator op coverage over 80 traces: "
               + ", ".join(f"{k}={v}" for k, v in sorted(coverage.items())))
     # set_in_flight, truncate, reset and table are written by cases, not the generator
     wanted = set(CORE_OPS) - {"set_in_flight", "truncate", "reset", "table"}
-    assert wanted | {"plan_chunk.drafts", "rollback.rejected", "allocate.delay_cache"} \
-        <= set(coverage)
+    assert wanted | {"plan_chunk.drafts", "rollback.rejected", "allocate.delay_cache",
+                     "groups.sliding_window"} <= set(coverage)
