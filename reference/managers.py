@@ -3,7 +3,8 @@
 
 Out of scope and therefore absent: MTP's extra retained window tokens, DCP/PCP, speculative
 Mamba blocks (``num_speculative_blocks == 0``), internal prefill checkpoints, sparse retention
-(dense only), shared-prefix junctions, KV events, zeroing bookkeeping.
+(dense only), KV events, zeroing bookkeeping. Shared-prefix junctions are modelled (the
+Mamba state kept at the junction, ``MambaManager._cache_partial_tail_block``).
 """
 
 from __future__ import annotations
