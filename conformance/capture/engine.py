@@ -14,16 +14,12 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from tailproof.spec.arithmetic import lcm_all
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
 DEFAULT_GROUPS = (("full_attention", 16), ("mamba", 16))
-
-
-def _lcm(values: list[int]) -> int:
-    from math import lcm
-
-    return lcm(*values)
 
 
 class CaptureEngine:
@@ -77,7 +73,7 @@ class CaptureEngine:
         self.kv_cache_config = kv_cache_config(num_blocks, groups, h)
         self.sched = Scheduler(self.vllm_config, self.kv_cache_config,
                                StructuredOutputManager(self.vllm_config),
-                               block_size=_lcm(sizes), hash_block_size=h, log_stats=False)
+                               block_size=lcm_all(sizes), hash_block_size=h, log_stats=False)
         self.ranks: Any = None
         if num_workers is not None:
             from tailproof.conformance.capture.workers import WorkerRanks
@@ -178,7 +174,8 @@ def tailproof_connector_config() -> dict[str, Any]:
             "kv_load_failure_policy": "recompute"}
 
 
-def kv_cache_config(num_blocks: int, groups: tuple[tuple[str, int], ...], h: int) -> Any:
+def kv_cache_config(num_blocks: int, groups: tuple[tuple[str, int], ...], h: int,
+                    layers_per_group: int = 1) -> Any:
     """The ``KVCacheConfig`` the engine would derive for these groups (tensors unused)."""
     import torch
     from vllm.v1.kv_cache_interface import (
@@ -190,7 +187,7 @@ def kv_cache_config(num_blocks: int, groups: tuple[tuple[str, int], ...], h: int
 
     specs = []
     for g, (kind, bs) in enumerate(groups):
-        names = [f"g{g}.l0"]
+        names = [f"g{g}.l{i}" for i in range(layers_per_group)]
         if kind == "mamba":
             spec: Any = MambaSpec(block_size=bs, shapes=((3,), (5,)),
                                   dtypes=(torch.float32, torch.float32),
@@ -199,7 +196,7 @@ def kv_cache_config(num_blocks: int, groups: tuple[tuple[str, int], ...], h: int
             spec = FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=4,
                                      dtype=torch.float32)
         specs.append(KVCacheGroupSpec(names, spec))
-    lcm = _lcm([bs for _, bs in groups])
+    lcm = lcm_all([bs for _, bs in groups])
     partial = any(k == "mamba" and bs > h for k, bs in groups)
     return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=specs,
                          hash_block_size=h, cache_hit_alignment_tokens=h if partial else lcm)

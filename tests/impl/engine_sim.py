@@ -18,10 +18,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import torch
-
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from tailproof.conformance.capture import engine as capture_engine  # noqa: E402
 from tailproof.conformance.capture import tiny_hybrid  # noqa: E402
 from tailproof.conformance.capture.workers import StepLog, WorkerRanks  # noqa: E402
 
@@ -65,30 +64,9 @@ def vllm_config(extra: dict[str, Any], kv_role: str = "kv_both", h: int = 4,
 
 
 def kv_cache_config(num_blocks: int, groups: tuple[tuple[str, int], ...], h: int) -> Any:
-    from vllm.v1.core.kv_cache_utils import resolve_cache_hit_alignment_tokens  # noqa: F401
-    from vllm.v1.kv_cache_interface import (
-        FullAttentionSpec,
-        KVCacheConfig,
-        KVCacheGroupSpec,
-        MambaSpec,
-    )
-
-    from tailproof.spec.arithmetic import lcm_all
-
-    specs = []
-    for g, (kind, bs) in enumerate(groups):
-        names = [f"g{g}.l0", f"g{g}.l1"]
-        if kind == "mamba":
-            spec = MambaSpec(block_size=bs, shapes=((3,), (5,)),
-                             dtypes=(torch.float32, torch.float32), mamba_cache_mode="align")
-        else:
-            spec = FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=4,
-                                     dtype=torch.float32)
-        specs.append(KVCacheGroupSpec(names, spec))
-    lcm = lcm_all([bs for _, bs in groups])
-    partial = any(k == "mamba" and bs > h for k, bs in groups)
-    return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=specs,
-                         hash_block_size=h, cache_hit_alignment_tokens=h if partial else lcm)
+    """The capture engine's ``KVCacheConfig`` with two layers per group (the workers' tensors
+    then hold several layers per block)."""
+    return capture_engine.kv_cache_config(num_blocks, groups, h, layers_per_group=2)
 
 
 class Engine:
