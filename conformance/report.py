@@ -71,11 +71,7 @@ def document(command: str, *, vllm: dict[str, Any], adapters: list[str],
         timings["mutation_s"] = mutation["seconds"]
         extra["mutation"] = mutation
     return {
-        "format": FORMAT,
-        "tool": {"name": "tailproof", "version": __version__},
-        "command": command,
-        "python": platform.python_version(),
-        "vllm": vllm,
+        **_header(command, vllm),
         "adapters": adapters,
         "adapters_not_run": not_run,
         "strict_ids": strict_ids,
@@ -95,16 +91,18 @@ def command_document(command: str, *, vllm: dict[str, Any], body: dict[str, Any]
     ``shrink``): the same header, result and exit code as :func:`document`, then the
     command's own fields under ``body`` (schema: ``conformance/schema/command.schema.json``)."""
     return {
-        "format": FORMAT,
-        "tool": {"name": "tailproof", "version": __version__},
-        "command": command,
-        "python": platform.python_version(),
-        "vllm": vllm,
+        **_header(command, vllm),
         "body": body,
         "timings": {"total_s": round(total_seconds, 3)},
         "result": result,
         "exit_code": exit_code,
     }
+
+
+def _header(command: str, vllm: dict[str, Any]) -> dict[str, Any]:
+    """The fields every ``--json`` document starts with."""
+    return {"format": FORMAT, "tool": {"name": "tailproof", "version": __version__},
+            "command": command, "python": platform.python_version(), "vllm": vllm}
 
 
 def write_junit(doc: dict[str, Any], path: Path) -> None:
