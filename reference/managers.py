@@ -2,8 +2,8 @@
 ``v1/core/single_type_kv_cache_manager.py``).
 
 Out of scope and therefore absent: MTP's extra retained window tokens, DCP/PCP, internal
-prefill checkpoints, sparse retention (dense only), KV events, zeroing bookkeeping. Speculative
-Mamba blocks (``MambaSpec.num_speculative_blocks``) are modelled. Shared-prefix junctions are modelled (the
+prefill checkpoints, sparse retention (dense only), KV events, zeroing bookkeeping. Modelled:
+speculative Mamba blocks (``MambaSpec.num_speculative_blocks``) and shared-prefix junctions (the
 Mamba state kept at the junction, ``MambaManager._cache_partial_tail_block``).
 """
 

@@ -158,6 +158,12 @@ def connector_trace(draw: st.DrawFn, max_steps: int = 12) -> Run:
                  "enable_lookup": draw(st.sampled_from([True, True, True, False]))}
     config = geometry_config(geometry, draw(st.sampled_from([10, 16, 24, 40])),
                              connector=connector)
+    # MambaSpec.num_speculative_blocks on every Mamba group: scratch blocks are never keyed,
+    # so the store sees them only through foreign offers.
+    spec_blocks = draw(st.sampled_from([0, 0, 0, 1, 2]))
+    for g in config["groups"]:
+        if spec_blocks and g["kind"] == M:
+            g["num_speculative_blocks"] = spec_blocks
     run = Run(config, ADAPTERS, name="connector-property")
     script = _ConnectorScript(draw, run, geometry, workers)
     for _ in range(draw(st.integers(1, max_steps))):
