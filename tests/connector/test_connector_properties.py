@@ -36,7 +36,7 @@ def _check(examples: int, name: str) -> list[int]:
 
     @settings(max_examples=examples, deadline=None, database=None,
               suppress_health_check=list(HealthCheck))
-    @given(connector_trace())
+    @given(connector_trace(spec_blocks=True))
     def run(r: Run) -> None:
         seen[0] += 1
         seen[1] += len(r.ops)
