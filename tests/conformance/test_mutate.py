@@ -95,7 +95,7 @@ def test_cli_json_and_bad_module(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["mutate", "--module", "no-such-module"]) == 2
     capsys.readouterr()
     rc = main(["mutate", "--json", "--mutant", "co-no-clipping", "--generated", "0",
-               "--generated-connector", "0"])
+               "--generated-connector", "0", "--generated-window", "0"])
     out = json.loads(capsys.readouterr().out)
     assert rc == 0
     assert out["killed"] == 1 and out["non_equivalent"] == 1
