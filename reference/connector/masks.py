@@ -1,5 +1,5 @@
 """Which chunks of each group the store writes and probes (mirrors
-``MooncakeStoreCoordinator.store_mask`` / ``lookup_mask`` / ``_reachable_masks``, MCO:278-360).
+``MooncakeStoreCoordinator.store_mask`` / ``lookup_mask`` / ``_reachable_masks``, MCO:278-382).
 
 A chunk is one block of a group. The store keeps exactly the blocks the local prefix cache
 would (``SingleTypeKVCacheManager.reachable_block_mask`` with the lcm as the alignment): every
