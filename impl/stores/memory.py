@@ -14,7 +14,9 @@ later puts of the same size (KV blocks have few distinct sizes), so steady-state
 already-faulted pages at memcpy speed; held + pooled bytes never exceed the capacity.
 
 Copies: one single-threaded ``numpy.copyto`` per value, outside the store's lock (it releases
-the GIL), so concurrent callers overlap and no call starts a parallel region of its own. The
+the GIL), spread over the store's copy crew (``copy_threads``, default 2: the caller and one
+helper pulling whole values, :mod:`tailproof.impl.stores.copies`), so a batch moves at about
+the speed of a 2-thread memcpy and no call starts a parallel region of its own. The
 allocate-then-fill calls (:meth:`MemoryStore.write_batch` / :meth:`MemoryStore.read_batch`) let
 the connector gather KV straight into a value's final array and scatter straight from it: one
 pass over the bytes. A value being read is leased: removing or evicting it meanwhile drops it
@@ -42,6 +44,7 @@ from .base import (
     as_bytes_array,
     check_batch,
 )
+from .copies import CopyCrew
 
 _CLOSED = "store is closed"
 
@@ -85,11 +88,13 @@ class MemoryStore(Store):
 
     name = "memory"
 
-    def __init__(self, capacity_bytes: int = 1 << 30, *, evict: bool = True) -> None:
+    def __init__(self, capacity_bytes: int = 1 << 30, *, evict: bool = True,
+                 copy_threads: int = 2) -> None:
         if capacity_bytes <= 0:
             raise ValueError(f"capacity_bytes must be > 0, got {capacity_bytes}")
         self.capacity_bytes = capacity_bytes
         self.evict = evict
+        self.copies = CopyCrew(copy_threads)
         self.faults = FaultScript()
         self._data: OrderedDict[str, np.ndarray] = OrderedDict()  # LRU order: oldest first
         self._filling: dict[str, np.ndarray] = {}  # reserved, being written, not visible yet
@@ -136,11 +141,15 @@ class MemoryStore(Store):
         with self._lock:
             outs = [self._reserve(k, n) for k, n in zip(keys, sizes, strict=True)]
             mine = [(i, self._filling[keys[i]]) for i, o in enumerate(outs) if o is None]
-        done: list[int] = []
+        done: list[int] = []  # appended from the crew's threads (list.append is atomic)
+
+        def fill(j: int) -> None:
+            i, arr = mine[j]
+            produce(i, arr)
+            done.append(i)
+
         try:
-            for i, arr in mine:
-                produce(i, arr)
-                done.append(i)
+            self.copies.for_each(len(mine), fill, sum(arr.nbytes for _, arr in mine))
         finally:
             with self._lock:
                 for i, arr in mine:
@@ -208,10 +217,10 @@ class MemoryStore(Store):
         dsts = [as_bytes_array(b, writable=True) for b in buffers]
         with self._lock:
             found = [self._lease(k, d.nbytes) for k, d in zip(keys, dsts, strict=True)]
+        pairs = [(dst, val) for (_, val), dst in zip(found, dsts, strict=True) if val is not None]
         try:
-            for (_, val), dst in zip(found, dsts, strict=True):
-                if val is not None:
-                    np.copyto(dst, val)
+            self.copies.for_each(len(pairs), lambda j: np.copyto(*pairs[j]),
+                                 sum(v.nbytes for _, v in pairs))
         finally:
             self._unlease([val for _, val in found])
         return [out for out, _ in found]
@@ -285,6 +294,7 @@ class MemoryStore(Store):
             return n
 
     def close(self) -> None:
+        self.copies.close()
         with self._lock:
             self._closed = True
             self._data.clear()
