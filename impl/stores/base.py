@@ -125,7 +125,10 @@ def as_bytes_array(buf: ByteBuffer, *, writable: bool = False) -> np.ndarray:
             raise TypeError("buffer tensor must be contiguous")
         import torch
 
-        arr = buf.detach().reshape(-1).view(torch.uint8).numpy()
+        if buf.dtype == torch.uint8 and buf.dim() == 1 and not buf.requires_grad:
+            arr = buf.numpy()  # the common case (a staging view), without 3 more tensor ops
+        else:
+            arr = buf.detach().reshape(-1).view(torch.uint8).numpy()
     else:
         mv = memoryview(buf)
         if not mv.c_contiguous:

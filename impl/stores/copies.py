@@ -5,10 +5,14 @@ class of machine, so a single-threaded store put was 0.45x a 2-thread torch copy
 bytes. Per-value parallel regions (OpenMP inside every copy) oversubscribe a small machine; a
 crew does not: ``threads`` bounds the threads copying for one store at any moment (the caller
 counts as one), helpers pull whole values from one counter, and every copy releases the GIL.
+Helpers run at their caller's CPU priority: a crew keeps one set per ``nice`` value, started
+from a caller of that priority (a Linux thread inherits it), so a low-priority sender's copies
+never borrow an engine-priority thread.
 """
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 from collections.abc import Callable
@@ -65,8 +69,8 @@ class CopyCrew:
         if threads < 1:
             raise ValueError(f"copy threads must be >= 1, got {threads}")
         self.threads = threads
-        self._work: queue.SimpleQueue[_Batch | None] = queue.SimpleQueue()
-        self._helpers: list[threading.Thread] = []
+        self._crews: dict[int, tuple[queue.SimpleQueue[_Batch | None],
+                                     list[threading.Thread]]] = {}  # nice -> (work, helpers)
         self._lock = threading.Lock()
         self._closed = False
 
@@ -74,13 +78,14 @@ class CopyCrew:
         """Run ``fn(0) … fn(n-1)``; in parallel only when there are helpers, several values
         and (if ``nbytes`` is given) at least :data:`MIN_PARALLEL_BYTES` in all."""
         small = nbytes is not None and nbytes < MIN_PARALLEL_BYTES
-        if self.threads == 1 or n < 2 or small or not self._start_helpers():
+        work = None if self.threads == 1 or n < 2 or small else self._helpers()
+        if work is None:
             for i in range(n):
                 fn(i)
             return
         batch = _Batch(n, fn)
         for _ in range(min(self.threads - 1, n - 1)):
-            self._work.put(batch)
+            work.put(batch)
         batch.work()
         with batch.cond:
             batch.closed = True  # a helper that takes the batch late finds nothing to do
@@ -88,19 +93,23 @@ class CopyCrew:
         if batch.error is not None:
             raise batch.error
 
-    def _start_helpers(self) -> bool:
+    def _helpers(self) -> queue.SimpleQueue[_Batch | None] | None:
+        """The work queue of this caller's priority, its helpers started (None once closed)."""
+        nice = _nice()
         with self._lock:
             if self._closed:
-                return False
-            while len(self._helpers) < self.threads - 1:
-                t = threading.Thread(target=self._serve, daemon=True,
-                                     name=f"tailproof-copy-{len(self._helpers)}")
-                t.start()
-                self._helpers.append(t)
-            return True
+                return None
+            work, helpers = self._crews.setdefault(nice, (queue.SimpleQueue(), []))
+            while len(helpers) < self.threads - 1:
+                t = threading.Thread(target=self._serve, args=(work,), daemon=True,
+                                     name=f"tailproof-copy-n{nice}-{len(helpers)}")
+                t.start()  # from this caller's thread: it inherits the caller's nice
+                helpers.append(t)
+            return work
 
-    def _serve(self) -> None:
-        while (batch := self._work.get()) is not None:
+    @staticmethod
+    def _serve(work: queue.SimpleQueue[_Batch | None]) -> None:
+        while (batch := work.get()) is not None:
             batch.work()
 
     def close(self) -> None:
@@ -109,11 +118,21 @@ class CopyCrew:
             if self._closed:
                 return
             self._closed = True
-            helpers, self._helpers = self._helpers, []
-        for _ in helpers:
-            self._work.put(None)
-        for t in helpers:
-            t.join(timeout=5)
+            crews, self._crews = self._crews, {}
+        for work, helpers in crews.values():
+            for _ in helpers:
+                work.put(None)
+        for _, helpers in crews.values():
+            for t in helpers:
+                t.join(timeout=5)
+
+
+def _nice() -> int:
+    """The calling thread's nice value (per thread on Linux; 0 where it cannot be read)."""
+    try:
+        return os.getpriority(os.PRIO_PROCESS, 0)
+    except (AttributeError, OSError):
+        return 0
 
 
 INLINE = CopyCrew(1)  # every copy on the caller: the default for stores without a crew

@@ -85,3 +85,31 @@ def test_parallel_copies_move_the_right_bytes() -> None:
 def test_threads_must_be_positive() -> None:
     with pytest.raises(ValueError, match="copy threads"):
         CopyCrew(0)
+
+
+def test_helpers_run_at_their_callers_priority() -> None:
+    import os
+
+    if not hasattr(os, "setpriority"):
+        pytest.skip("os.setpriority is missing on this platform")
+    crew = CopyCrew(2)
+    seen: dict[str, set[int]] = {"low": set(), "normal": set()}
+
+    def record(kind: str) -> None:
+        def fn(i: int) -> None:
+            time.sleep(0.005)
+            seen[kind].add(os.getpriority(os.PRIO_PROCESS, 0))
+        crew.for_each(8, fn)
+
+    def low() -> None:
+        os.setpriority(os.PRIO_PROCESS, 0, os.getpriority(os.PRIO_PROCESS, 0) + 5)
+        record("low")
+
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    t = threading.Thread(target=low)
+    t.start()
+    t.join()
+    record("normal")
+    crew.close()
+    assert seen["low"] == {base + 5}  # the helper inherited the low caller's priority
+    assert seen["normal"] == {base}
