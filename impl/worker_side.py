@@ -290,16 +290,25 @@ class WorkerSide:
         cuda = self.copy_stream is not None
         bad: list[tuple[str, str]] = []  # (key, failure kind)
 
+        crew = self.store.copies  # values are verified, then scattered, on the store's crew
+
         def consume(values: list[np.ndarray]) -> None:
-            for key, v in zip(keys, values, strict=True):
-                kind = codec.verify(key, v)
+            def check(i: int) -> None:
+                kind = codec.verify(keys[i], values[i])
                 if kind is not None:
-                    bad.append((key, kind))
+                    bad.append((keys[i], kind))  # list.append is atomic across threads
+
+            def scatter(i: int) -> None:
+                g, b = blocks[i]
+                layout.write_block(g, b, values[i][HEADER_BYTES:])
+
+            total = sum(v.nbytes for v in values)
+            crew.for_each(len(values), check, total)
             if bad:
+                bad.sort()  # the crew's order varies; what is reported does not
                 return  # fail closed: not one block is written
             if not cuda:
-                for (g, b), v in zip(blocks, values, strict=True):
-                    layout.write_block(g, b, v[HEADER_BYTES:])
+                crew.for_each(len(values), scatter, total)
                 return
             with warnings.catch_warnings():  # the memory store hands out read-only arrays
                 warnings.simplefilter("ignore", UserWarning)
