@@ -59,9 +59,6 @@ CASES = {
     "spec_blocks_on_attention": (lambda d: d["config"]["groups"][0].update(
         num_speculative_blocks=1), "config.groups[0].num_speculative_blocks",
         "only Mamba groups"),
-    "window_with_connector": (lambda d: (d["config"]["groups"][0].update(
-        kind="sliding_window", sliding_window=8), d["config"].update(connector={})),
-        "config.connector", "core traces only"),
     "unitary_finer_hash": (lambda d: d["config"].update(
         groups=[{"kind": "full_attention", "block_size": 8}]), "config.hash_block_size",
         "one group"),
