@@ -75,7 +75,6 @@ def install(rec: Any, workers: list[Any],
     ``store_plan(rank)`` scripts that rank's put outcomes (``RefusingStore``)."""
     sched = rec.scheduler
     conn = sched.connector
-    absorb = [False]  # the scheduler's truncate after a connector lookup is part of it
 
     def wrap(obj: Any, name: str, handler: Any) -> None:
         orig = getattr(obj, name)
@@ -94,7 +93,7 @@ def install(rec: Any, workers: list[Any],
         out = orig(request, num_computed_tokens)
         rec._emit({"op": "sched_lookup", "rid": request.request_id,
                    "local": num_computed_tokens}, {"ext": out[0], "async": bool(out[1])})
-        absorb[0] = True
+        rec._absorb_truncate = True  # the scheduler's truncate that follows is part of it
         return out
 
     def conn_step(orig: Any, so: Any) -> Any:
@@ -102,7 +101,7 @@ def install(rec: Any, workers: list[Any],
         rec._emit({"op": "conn_step", "finished": sorted(so.finished_req_ids),
                    "preempted": sorted(so.preempted_req_ids),
                    "scheduled": dict(so.num_scheduled_tokens)}, {})
-        absorb[0] = False
+        rec._absorb_truncate = False
         return out
 
     def worker_report(orig: Any, output: Any) -> Any:
@@ -113,8 +112,7 @@ def install(rec: Any, workers: list[Any],
     def worker_run(rank: int, orig: Any) -> Any:
         if rank == 0:  # the step's commits come before any worker runs its jobs
             for req in list(sched.running):
-                if req.request_id in rec.shadows:
-                    rec._sync(req)
+                rec._sync_known(req)
         out = orig()
         # wait_for_save only queues the jobs (one sender thread, FIFO): a worker_run is
         # the jobs run to completion, so the rank is settled before the op is written.
@@ -143,23 +141,6 @@ def install(rec: Any, workers: list[Any],
     wrap(conn, "update_connector_output", worker_report)
     for rank, wc in enumerate(workers):
         wrap(wc, "wait_for_save", functools.partial(worker_run, rank))
-
-    truncate = rec._on_truncate_computed_blocks
-
-    def on_truncate(orig: Any, blocks: Any, num_tokens: int) -> Any:
-        if absorb[0]:
-            return orig(blocks, num_tokens)
-        return truncate(orig, blocks, num_tokens)
-
-    def on_finish(orig: Any, request: Any) -> Any:
-        rec._sync(request)
-        out = orig(request)
-        rec._finish_pending = request.request_id  # written after remove_skipped_blocks
-        return out
-
-    rec._on_truncate_computed_blocks = on_truncate
-    rec._on_finalize_partial_tail_offloads = on_finish
-    rec._finish_pending = None
 
 
 def install_finish_hand_off(rec: Any) -> None:
