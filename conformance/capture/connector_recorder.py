@@ -1,9 +1,11 @@
 """Connector ops for a recorder whose engine runs a KV connector, workers in-process.
 
-Wraps the scheduler's connector (``get_num_new_matched_tokens`` -> ``sched_lookup``,
-``build_connector_meta`` -> ``conn_step``, ``update_connector_output`` -> ``worker_report``)
-and each worker connector's ``wait_for_save`` (-> ``worker_run``, once the rank's single
-sender thread has run the queued jobs); the scheduler's
+Wraps the scheduler's connector -- ``TailproofConnector`` or vLLM 0.33's
+``MooncakeStoreConnector``, whose scheduler-side calls are the same --
+(``get_num_new_matched_tokens`` -> ``sched_lookup``, ``build_connector_meta`` -> ``conn_step``,
+``update_connector_output`` -> ``worker_report``) and each worker rank's ``wait_for_save``
+(-> ``worker_run``, once the rank's single sender thread has run the queued jobs; a
+``mooncake_ranks.MooncakeRank`` runs them synchronously); the scheduler's
 ``finalize_partial_tail_offloads`` with the ``remove_skipped_blocks`` that follows it
 (``Scheduler._connector_finished``) becomes ``conn_finish``.
 Connector ops expect ``free`` (and ``sched_lookup`` what the connector answered: ``ext``,
@@ -114,9 +116,11 @@ def install(rec: Any, workers: list[Any],
             for req in list(sched.running):
                 rec._sync_known(req)
         out = orig()
-        # wait_for_save only queues the jobs (one sender thread, FIFO): a worker_run is
-        # the jobs run to completion, so the rank is settled before the op is written.
-        if not workers[rank].worker_side.wait_idle(60.0):
+        # TailproofConnector's wait_for_save only queues the jobs (one sender thread, FIFO):
+        # a worker_run is the jobs run to completion, so the rank is settled before the op
+        # is written (a MooncakeRank runs them in wait_for_save).
+        side = getattr(workers[rank], "worker_side", None)
+        if side is not None and not side.wait_idle(60.0):
             raise RuntimeError(f"worker {rank}: store jobs still running after 60 s")
         op: dict[str, Any] = {"op": "worker_run", "worker": rank}
         script = stores[rank].take() if stores else []
@@ -126,13 +130,18 @@ def install(rec: Any, workers: list[Any],
         return out
 
     for rank, wc in enumerate(workers):
+        if not hasattr(wc, "worker_side"):
+            continue  # a mooncake_ranks.MooncakeRank: one synchronous FIFO
         threads = wc.worker_side.settings.send_threads
         if threads != 1:  # several senders interleave jobs: no FIFO order to record
             raise ValueError(f"workers[{rank}]: send_threads={threads}; connector recording "
                              "needs send_threads=1 (the reference runs one FIFO per worker)")
-    stores: list[RefusingStore] = []
+    stores: list[Any] = []  # RefusingStore or mooncake_ranks.RankStore: take()
     if store_plan is not None:
         for rank, wc in enumerate(workers):
+            if hasattr(wc, "refusing_store"):  # a MooncakeRank
+                stores.append(wc.refusing_store(store_plan(rank)))
+                continue
             side = wc.worker_side
             side.store = RefusingStore(side.store, store_plan(rank))
             stores.append(side.store)

@@ -55,7 +55,7 @@ def _allocate_args(request: Any, num_new_tokens: int, num_new_computed_tokens: i
     """``KVCacheManager.allocate_slots``'s arguments, by name (vLLM 0.33 signature)."""
     return (num_new_tokens, num_new_computed_tokens, new_computed_blocks is not None,
             num_lookahead_tokens, num_external_computed_tokens, delay_cache_blocks,
-            bool(reserved_blocks or num_encoder_tokens), full_sequence_must_fit)
+            reserved_blocks, num_encoder_tokens, full_sequence_must_fit)
 
 
 #: ``pre``: what the step path read from a request right before a manager call
@@ -192,14 +192,14 @@ class OpBuilder:
     def allocate(self, pre: Pre, a: tuple[Any, ...], k: dict[str, Any], out: Any,
                  free: int) -> None:
         s = self._shadow(pre)
-        (n, n_computed, has_blocks, lookahead, external, delay, reserved,
+        (n, n_computed, has_blocks, lookahead, external, delay, reserved, encoder,
          must_fit) = _allocate_args(*a, **k)
         use_hit = has_blocks and s.pending_hit is not None
         hit = s.pending_hit if use_hit else 0
         if n_computed != (hit or 0):
             self.unmodelled_call("allocate with a hit other than the last lookup's")
-        if reserved:
-            self.unmodelled_call("allocate_slots reservations / encoder tokens")
+        if encoder:
+            self.unmodelled_call("allocate_slots encoder tokens")
         if out is None and must_fit:
             # vLLM's admission gate (scheduler_reserve_full_isl) may have refused it; the
             # trace format has no such gate, so a replay may admit the request.
@@ -213,6 +213,8 @@ class OpBuilder:
             op["delay_cache"] = True
         if lookahead:
             op["lookahead"] = lookahead
+        if reserved:
+            op["reserved"] = reserved
         op["expect"] = {"ok": out is not None,
                         "new": None if out is None else _ids(out.blocks), "free": free}
         self.out.write(op)
@@ -280,6 +282,14 @@ class OpBuilder:
             del self.shadows[rid]
         else:
             s.computed = 0
+
+    def remote_kv_ready(self, pre: Pre, computed: int, free: int) -> None:
+        """``Scheduler._update_waiting_for_remote_kv`` for a load that landed: its blocks
+        cached up to the computed tokens (``computed``: the count it left)."""
+        s = self._shadow(pre)
+        self.out.write({"op": "remote_kv_ready", "rid": pre[0].request_id,
+                        "expect": {"computed": computed, "free": free}})
+        s.computed = computed
 
     # -- snapshots ----------------------------------------------------------------------
     def enable_snapshots(self) -> None:

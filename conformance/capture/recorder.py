@@ -14,6 +14,7 @@ vLLM 0.33 call                    trace op (observation recorded as ``expect``)
 ``take_boundary_state_offloads``  ``drain_offloads`` (``offloads``)
 ``take_kv_cache_block_copies``    ``drain_copies`` (``copies``, ``retained``, ``handle``)
 ``Scheduler._free_cow_retained``  ``release_retained`` (``released``)
+``_update_waiting_for_remote_kv``  ``remote_kv_ready`` (``computed``): a load landed
 ``finalize_partial_tail_offloads``  ``finalize_tail`` (``tails``)
 ``free``                          ``free`` (finished) / ``preempt`` (still running)
 ``evict_blocks``                  ``evict``; ``reset_prefix_cache``: ``reset`` (``ok``)
@@ -31,7 +32,7 @@ The handlers run on the scheduler's thread and only queue each op's values (a tu
 a writer thread builds, encodes and writes the ops in order (``writer.BackgroundWriter``), so
 the step path pays for no JSON, prefix sharing, run-length coding or redaction.
 
-Manager calls the format does not model (``cache_blocks`` of async scheduling,
+Manager calls the format does not model (``cache_blocks`` outside a landed load,
 ``pop_blocks_for_free`` of deferred frees, ``get_computed_blocks_for_connector``...) are
 counted under ``provenance.unmodelled``: a trace that has any may not replay faithfully.
 """
@@ -242,6 +243,8 @@ class Recorder:
                 setattr(mgr, name, self._count(getattr(mgr, name), name))
         orig = sched._free_cow_retained_blocks
         sched._free_cow_retained_blocks = functools.wraps(orig)(self._release(orig))
+        orig = sched._update_waiting_for_remote_kv
+        sched._update_waiting_for_remote_kv = functools.wraps(orig)(self._load_landed(orig))
 
     # Each wrapper: the scheduler calls the manager from one thread; ``_depth`` keeps calls
     # the manager makes on itself (and on the scheduler) from being recorded twice, and
@@ -332,6 +335,31 @@ class Recorder:
             finally:
                 rec._depth -= 1
             rec._push((b.release_retained, immediate, kept, q.num_free_blocks))
+            return out
+        return call
+
+    def _load_landed(self, orig: Any) -> Any:
+        """``Scheduler._update_waiting_for_remote_kv``: a landed asynchronous load is the
+        ``remote_kv_ready`` op (its ``cache_blocks`` is part of it); a failed one (its
+        partial cache or free) is not modelled."""
+        rec, sched, q = self, self.scheduler, self._queue
+
+        def call(req: Any) -> Any:
+            if rec._depth:
+                return orig(req)
+            if req.request_id in sched.failed_recving_kv_req_ids:
+                rec._calls["failed remote KV load"] = rec._calls.get(
+                    "failed remote KV load", 0) + 1
+                return orig(req)
+            pre = (req, len(req._all_token_ids), len(req.block_hashes),
+                   req.num_computed_tokens, req.num_in_flight_tokens, q.num_free_blocks)
+            rec._depth += 1
+            try:
+                out = orig(req)
+            finally:
+                rec._depth -= 1
+            rec._push((rec.builder.remote_kv_ready, pre, req.num_computed_tokens,
+                       q.num_free_blocks))
             return out
         return call
 
