@@ -168,10 +168,6 @@ def _parse_config(doc: Any, source: str) -> TraceConfig:
     connector = doc.get("connector")
     if connector is not None:
         connector = _validate_connector(connector, source)
-        if any(g.kind == "sliding_window" for g in groups):
-            # The reference connector has no store mask for a window (trace-format.md).
-            raise _err(source, "config.connector",
-                       "not supported with a sliding_window group (core traces only)")
     return TraceConfig(tuple(groups), h, nb, connector=connector, **kw)
 
 

@@ -235,6 +235,9 @@ class StoreGeometry:
     use_eagle: bool  # EAGLE block drop (ck(P) one unit lower, FA proof margins)
     eagle_group_ids: frozenset[int] = frozenset()  # store groups with an EAGLE proof margin
     num_blocks: int = 0
+    # Store groups of sliding-window attention (``SlidingWindowSpec``): no fine-grained hash
+    # lookup, so their EAGLE proof margin is a whole block.
+    window_group_ids: frozenset[int] = frozenset()
 
     @property
     def alignment(self) -> int:
@@ -259,11 +262,12 @@ class StoreGeometry:
 
     def eagle_proof_margin(self, store_group: int) -> int:
         """EAGLE proof margin of a non-Mamba group, 0 when it has none
-        (``MooncakeStoreCoordinator.eagle_proof_margin_by_group``)."""
+        (``MooncakeStoreCoordinator.eagle_proof_margin_by_group``: fine-grained only where the
+        manager class ``supports_fine_grained_hash_lookup``, which a sliding window does not)."""
         if store_group not in self.eagle_group_ids or self.is_mamba[store_group]:
             return 0
         bs = self.block_sizes[store_group]
-        fine = self.partial_hits
+        fine = self.partial_hits and store_group not in self.window_group_ids
         return int(eagle_proof_margin(bs, self.hash_block_size, fine))
 
     def align_lookup_length(self, n: int) -> int:
@@ -298,7 +302,7 @@ def check_geometry(geo: StoreGeometry) -> list[str]:
 def geometry_from_vllm(vllm_config: Any, kv_cache_config: Any) -> StoreGeometry:
     """Build and validate the :class:`StoreGeometry` of a running engine; raise ConfigError."""
     from vllm.v1.core.kv_cache_utils import resolve_dcp_kv_block_size, resolve_kv_cache_block_sizes
-    from vllm.v1.kv_cache_interface import CrossAttentionSpec, MambaSpec
+    from vllm.v1.kv_cache_interface import CrossAttentionSpec, MambaSpec, SlidingWindowSpec
 
     problems: list[str] = []
     dcp = vllm_config.parallel_config.decode_context_parallel_size
@@ -337,6 +341,8 @@ def geometry_from_vllm(vllm_config: Any, kv_cache_config: Any) -> StoreGeometry:
         use_eagle=use_eagle,
         eagle_group_ids=frozenset(eagle_group_ids),
         num_blocks=kv_cache_config.num_blocks,
+        window_group_ids=frozenset(i for i, g in enumerate(groups)
+                                   if isinstance(g.kv_cache_spec, SlidingWindowSpec)),
     )
     problems += check_geometry(geo)
     if problems:

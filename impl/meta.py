@@ -73,6 +73,7 @@ class StoreJob:
     publish_partial_tail: bool = False  # the save that first covers the prompt
     completed_token_len: int = 0  # tokens computed when the job was built (bounds EAGLE proof)
     num_prompt_tokens: int = 0  # fixes the checkpoint ck(P) whose tail is published
+    prefill_end_tokens: int = 0  # replay boundary of the store mask (sparse retention only)
     epoch: str = "0"  # the scheduler's key epoch when it emitted the job (``keys.KeySpace``)
 
 

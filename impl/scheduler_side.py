@@ -297,7 +297,8 @@ class SchedulerSide:
         pending.append(StoreJob(
             req_id=req.request_id, token_len_chunk=to_save, block_ids=t.allocated_block_ids,
             block_hashes=req.block_hashes, token_ids_start=start, publish_partial_tail=publish,
-            completed_token_len=t.token_len, num_prompt_tokens=prompt))
+            completed_token_len=t.token_len, num_prompt_tokens=prompt,
+            prefill_end_tokens=t.prefill_end_tokens))
 
     def _handle_boundary_state_offloads(
         self, offloads: dict[str, list[tuple[int, int, int]]], pending: list[StoreJob]

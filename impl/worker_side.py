@@ -290,16 +290,25 @@ class WorkerSide:
         cuda = self.copy_stream is not None
         bad: list[tuple[str, str]] = []  # (key, failure kind)
 
+        crew = self.store.copies  # values are verified, then scattered, on the store's crew
+
         def consume(values: list[np.ndarray]) -> None:
-            for key, v in zip(keys, values, strict=True):
-                kind = codec.verify(key, v)
+            def check(i: int) -> None:
+                kind = codec.verify(keys[i], values[i])
                 if kind is not None:
-                    bad.append((key, kind))
+                    bad.append((keys[i], kind))  # list.append is atomic across threads
+
+            def scatter(i: int) -> None:
+                g, b = blocks[i]
+                layout.write_block(g, b, values[i][HEADER_BYTES:])
+
+            total = sum(v.nbytes for v in values)
+            crew.for_each(len(values), check, total)
             if bad:
+                bad.sort()  # the crew's order varies; what is reported does not
                 return  # fail closed: not one block is written
             if not cuda:
-                for (g, b), v in zip(blocks, values, strict=True):
-                    layout.write_block(g, b, v[HEADER_BYTES:])
+                crew.for_each(len(values), scatter, total)
                 return
             with warnings.catch_warnings():  # the memory store hands out read-only arrays
                 warnings.simplefilter("ignore", UserWarning)
@@ -439,11 +448,18 @@ class WorkerSide:
             return
         items: list[tuple[int, int, bytes]] = []
         h = self.geo.hash_block_size
+        masks = self._store_masks(job, token_len, start)
         for g, bs in enumerate(self.geo.block_sizes):
             if self.geo.is_mamba[g]:
                 continue  # Mamba states are stored only at exact hand-off boundaries
             table = job.block_ids[g]
-            for idx in range(cdiv(start, bs), cdiv(token_len, bs)):
+            first, mask = cdiv(start, bs), masks[g]
+            stop = cdiv(token_len, bs)
+            if mask is not None:
+                stop = min(stop, first + len(mask))
+            for idx in range(first, stop):
+                if mask is not None and not mask[idx - first]:
+                    continue  # a block no hit at an lcm boundary can use (sliding window)
                 end = min((idx + 1) * bs, token_len)
                 if idx >= len(table) or table[idx] == NULL_BLOCK_ID:
                     continue
@@ -454,6 +470,17 @@ class WorkerSide:
                 self.saved_offset[job.req_id] = token_len
             if result == "ok":
                 self.gate.clear()
+
+    def _store_masks(self, job: StoreJob, token_len: int,
+                     start: int) -> tuple[list[bool] | None, ...]:
+        """Per group, which blocks from ``cdiv(start, bs)`` on the normal save writes
+        (``MooncakeStoreCoordinator.store_mask``, as ``KVCacheStoreSendingThread._handle_request``
+        uses it): every full-attention block, of a sliding window only the blocks a hit at an lcm
+        boundary can use. Without vLLM's coordinator (unit tests), every block."""
+        if self.coord is None:
+            return (None,) * self.geo.num_groups
+        return tuple(self.coord.store_mask(token_len, start,
+                                           num_prompt_tokens=job.prefill_end_tokens))
 
     def _boundary_puts(self, job: StoreJob) -> bool:
         h = self.geo.hash_block_size

@@ -374,21 +374,30 @@ class SlidingWindowManager(FullAttentionManager):
         """mirrors SlidingWindowManager.get_num_skipped_tokens (no extra retained tokens)."""
         return max(0, num_computed_tokens - self.sliding_window + 1)
 
-    def _reachable_block_mask(self, start_block: int, end_block: int) -> list[bool] | None:
+    @staticmethod
+    def reachable_block_mask(start_block: int, end_block: int, alignment: int,
+                             block_size: int, window: int,
+                             use_eagle: bool) -> list[bool] | None:
         """mirrors SlidingWindowManager.reachable_block_mask with dense retention
         (``retention_interval`` None, no final segment): per aligned segment, the ``need``
-        blocks whose run ends on its boundary (shifted one block by the EAGLE peek)."""
-        alignment = self.cache_hit_alignment_tokens
-        if alignment % self.block_size != 0:
+        blocks whose run ends on its boundary (shifted one block by the EAGLE peek); None
+        (every block) when the alignment is not a whole number of blocks or a segment is no
+        longer than a hit's run. The Mooncake store's ``store_mask`` / ``lookup_mask`` use it
+        too, with the lcm as the alignment."""
+        if alignment % block_size != 0:
             return None
-        need = self.contiguous_blocks_for_hit(self.sliding_window, self.block_size,
-                                              self.use_eagle)
-        shift = 1 if self.use_eagle else 0
-        per_segment = alignment // self.block_size
+        need = SlidingWindowManager.contiguous_blocks_for_hit(window, block_size, use_eagle)
+        shift = 1 if use_eagle else 0
+        per_segment = alignment // block_size
         if need >= per_segment:
             return None
         return [i >= shift and (i - shift) % per_segment >= per_segment - need
                 for i in range(start_block, end_block)]
+
+    def _reachable_block_mask(self, start_block: int, end_block: int) -> list[bool] | None:
+        return self.reachable_block_mask(start_block, end_block,
+                                         self.cache_hit_alignment_tokens, self.block_size,
+                                         self.sliding_window, self.use_eagle)
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """mirrors SingleTypeKVCacheManager.cache_blocks (no partial tail entry for a window)."""

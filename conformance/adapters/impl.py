@@ -212,7 +212,9 @@ class ImplConnector(ConnectorAdapter):
             is_mamba=tuple(bool(g.is_mamba) for g in groups),
             hash_block_size=config.hash_block_size, lcm_block_size=config.scheduler_block_size,
             partial_hits=core_backend.partial_hits,
-            use_eagle=bool(config.use_eagle), num_blocks=config.num_blocks)
+            use_eagle=bool(config.use_eagle), num_blocks=config.num_blocks,
+            window_group_ids=frozenset(i for i, g in enumerate(groups)
+                                       if g.kind == "sliding_window"))
         self.coord = build_coordinator(geo, kv_config, 1)
         self.geo = geo = replace(geo, eagle_group_ids=frozenset(self.coord.eagle_group_ids))
         kind = options.get("store") or "memory"
@@ -231,8 +233,7 @@ class ImplConnector(ConnectorAdapter):
         self.lookup_client = StoreLookup(geo, self.coord, self.store.exists, self.keys, n)
         self.sched = SchedulerSide(self.settings, geo, self.lookup_client, n)
         self.sched.bind_gpu_block_pool(core_backend.block_pool)
-        shapes = [GroupShape("mamba" if g.is_mamba else "full_attention", g.block_size)
-                  for g in groups]
+        shapes = [GroupShape("mamba" if g.is_mamba else g.kind, g.block_size) for g in groups]
         device = options.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
         self.runners = [SimRunner(shapes, config.num_blocks, rank=r, device=device)
                         for r in range(n)]

@@ -39,7 +39,7 @@ def content(n: int, seed: bytes) -> torch.Tensor:
 class GroupShape:
     """One KV cache group of the simulated model."""
 
-    kind: str  # "full_attention" | "mamba"
+    kind: str  # "full_attention" | "sliding_window" (an attention layout) | "mamba"
     block_size: int
     layers: int = 1
 
@@ -195,7 +195,9 @@ class SimRunner:
               tables: Sequence[Sequence[int]]) -> list[str]:
         """Mismatches of the KV a request holds for ``[start, hit)`` (empty list: all intact).
 
-        Full attention: every slot in ``[start, hit)``; Mamba: the state block at the hit.
+        Full attention: every slot in ``[start, hit)``; sliding window: every slot in a block of
+        its table (the blocks before the window are the null block: nothing is held there);
+        Mamba: the state block at the hit.
         """
         bad: list[str] = []
         for g, gs in enumerate(self.groups):
@@ -215,6 +217,8 @@ class SimRunner:
                 assert isinstance(t, torch.Tensor)
                 for p in range(start, hit):
                     blk = table[p // gs.block_size]
+                    if blk == 0 and gs.kind == "sliding_window":
+                        continue
                     want = self.expected_slot(tokens, p, name, rid)
                     if not torch.equal(t[:, blk, p % gs.block_size, 0, :].cpu(), want):
                         bad.append(f"{name}: position {p} (block {blk}) has wrong KV")

@@ -13,6 +13,7 @@ from tailproof.conformance.mutate.catalog import MUTANTS, module_label
 #: The generators' fixed budget: traces drawn (derandomized) per generator.
 DEFAULT_GENERATED_CORE = 120
 DEFAULT_GENERATED_CONNECTOR = 60
+DEFAULT_GENERATED_WINDOW = 12  # connector traces with a sliding-window group, on top
 DEFAULT_MIN_SCORE = 0.95
 
 
@@ -30,6 +31,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--generated-connector", type=int, default=DEFAULT_GENERATED_CONNECTOR,
                    metavar="N", help="generated connector traces "
                    f"(default {DEFAULT_GENERATED_CONNECTOR})")
+    p.add_argument("--generated-window", type=int, default=DEFAULT_GENERATED_WINDOW,
+                   metavar="N", help="generated connector traces with a sliding-window group, "
+                   f"counted with the connector traces (default {DEFAULT_GENERATED_WINDOW})")
     p.add_argument("--min-score", type=float, default=DEFAULT_MIN_SCORE,
                    help="exit 1 when the killed share of non-equivalent mutants is lower")
     p.add_argument("--list", action="store_true", help="list the selected mutants and exit")
@@ -52,7 +56,8 @@ def run_from_args(args: argparse.Namespace, quiet: bool = False) -> Any:
     from tailproof.conformance.mutate.workload import build_workload
 
     chosen = select(args.module, args.sample, args.mutant)
-    workload = build_workload(corpus_paths(), args.generated, args.generated_connector)
+    workload = build_workload(corpus_paths(), args.generated, args.generated_connector,
+                              generated_window=args.generated_window)
     if not quiet:
         c = workload.counts()
         print(f"tailproof mutate: {len(chosen)} mutants; workload {c['corpus']} cases + "
@@ -70,7 +75,8 @@ def _check_args(args: argparse.Namespace) -> None:
         if value is not None and value <= 0:
             raise UsageError(f"{name} must be > 0, got {value}", "pass a positive number")
     for name, value in (("--generated", args.generated),
-                        ("--generated-connector", args.generated_connector)):
+                        ("--generated-connector", args.generated_connector),
+                        ("--generated-window", args.generated_window)):
         if value < 0:
             raise UsageError(f"{name} must be >= 0, got {value}", "pass 0 or more traces")
     if not 0.0 <= args.min_score <= 1.0:

@@ -9,7 +9,8 @@ checks once before any mutant runs.
 
 Generated traces come from the project's two generators with hypothesis derandomized, so the
 same code always yields the same traces: ``conformance.generate.lockstep_trace`` (core) and the
-connector strategy in ``tests/connector/strategies.py`` (loaded from the checkout when present).
+connector strategy in ``tests/connector/strategies.py`` (loaded from the checkout when present),
+over its geometries and, as a budget of its own, over its sliding-window geometries.
 """
 
 from __future__ import annotations
@@ -103,7 +104,8 @@ def _collect(strategy: Any, n: int, label: str) -> list[dict[str, Any]]:
     return docs
 
 
-def _connector_strategy() -> Any | None:
+def _connector_strategy(window: bool = False) -> Any | None:
+    """The connector strategy over its geometries, or (``window``) its sliding-window ones."""
     if not CONNECTOR_STRATEGIES.exists():
         return None
     name = "tailproof_connector_strategies"
@@ -113,13 +115,16 @@ def _connector_strategy() -> Any | None:
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         spec.loader.exec_module(module)
-    return sys.modules[name].connector_trace()
+    module = sys.modules[name]
+    return module.connector_trace(module.WINDOW_GEOMETRIES if window else None)
 
 
 def build_workload(corpus: list[Path], generated_core: int, generated_connector: int,
-                   baseline: bool = True) -> Workload:
+                   baseline: bool = True, generated_window: int = 0) -> Workload:
     """Load the corpus, draw the generated traces, record the reference observations and
-    (``baseline``) drop any trace on which unmutated vLLM does not match them exactly."""
+    (``baseline``) drop any trace on which unmutated vLLM does not match them exactly.
+    ``generated_window`` connector traces with a sliding-window group come on top of
+    ``generated_connector`` (counted with them)."""
     t0 = time.perf_counter()
     jobs = [_job(load_trace(p), CORPUS) for p in corpus]
     if generated_core:
@@ -127,10 +132,12 @@ def build_workload(corpus: list[Path], generated_core: int, generated_connector:
 
         for doc in _collect(lockstep_trace(["reference"]), generated_core, "gen-core"):
             jobs.append(_job(parse_trace(doc), GEN_CORE))
-    strategy = _connector_strategy() if generated_connector else None
-    if strategy is not None:
-        for doc in _collect(strategy, generated_connector, "gen-conn"):
-            jobs.append(_job(parse_trace(doc), GEN_CONN))
+    for n, window, label in ((generated_connector, False, "gen-conn"),
+                             (generated_window, True, "gen-conn-window")):
+        strategy = _connector_strategy(window) if n else None
+        if strategy is not None:
+            for doc in _collect(strategy, n, label):
+                jobs.append(_job(parse_trace(doc), GEN_CONN))
     for j in jobs:
         j.reference = observe(j, "reference")
     t1 = time.perf_counter()

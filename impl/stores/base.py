@@ -29,6 +29,8 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
+from .copies import INLINE, CopyCrew
+
 # memoryview | bytearray | bytes | numpy.ndarray | torch.Tensor (torch is optional here).
 ByteBuffer: TypeAlias = Any
 #: ``produce(i, out)`` writes value i into ``out`` (a writable uint8 array of exactly its size).
@@ -123,7 +125,10 @@ def as_bytes_array(buf: ByteBuffer, *, writable: bool = False) -> np.ndarray:
             raise TypeError("buffer tensor must be contiguous")
         import torch
 
-        arr = buf.detach().reshape(-1).view(torch.uint8).numpy()
+        if buf.dtype == torch.uint8 and buf.dim() == 1 and not buf.requires_grad:
+            arr = buf.numpy()  # the common case (a staging view), without 3 more tensor ops
+        else:
+            arr = buf.detach().reshape(-1).view(torch.uint8).numpy()
     else:
         mv = memoryview(buf)
         if not mv.c_contiguous:
@@ -155,6 +160,9 @@ class Store(abc.ABC):
 
     #: Short backend name ("memory", "mooncake") used in logs and benchmark tables.
     name: str = "store"
+    #: Who copies a batch's values (:meth:`write_batch`'s produce calls, the memory store's
+    #: copies, the connector's scatter in ``read_batch``); a store built from a config has its own.
+    copies: CopyCrew = INLINE
 
     @abc.abstractmethod
     def exists(self, keys: Sequence[str]) -> list[bool]:
@@ -194,8 +202,7 @@ class Store(abc.ABC):
         """
         check_batch(keys, sizes)
         views = _split(staging, sizes)
-        for i, v in enumerate(views):
-            produce(i, v)
+        self.copies.for_each(len(views), lambda i: produce(i, views[i]), sum(sizes))
         return self.put_batch(keys, views)
 
     def read_batch(self, keys: Sequence[str], sizes: Sequence[int], consume: Consume,

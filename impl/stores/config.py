@@ -21,6 +21,8 @@ Fields (``backend`` picks which apply; unknown keys are errors)::
     metadata_server      mooncake: default "P2PHANDSHAKE" (no metadata service)
     rpc_timeout_ms       mooncake: bound for one master RPC (default 3000)
     setup_retries        mooncake: master connection attempts at setup (default 1, ~4.4 s each)
+    copy_threads         both: threads that copy one batch's values (the caller counts as one;
+                         default 2, at most 8): see ``tailproof.impl.stores.copies``
 
 Sizes are ints (bytes) or strings like "256MB", "64 MiB", "1G" (binary units), the same syntax
 for every size key of the connector. A size must fit in this machine's memory (every size here
@@ -139,6 +141,7 @@ class StoreConfig:
     metadata_server: str = "P2PHANDSHAKE"
     rpc_timeout_ms: int = 3000
     setup_retries: int = 1
+    copy_threads: int = 2
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> StoreConfig:
@@ -165,6 +168,7 @@ class StoreConfig:
         take("evict", _bool)
         take("rpc_timeout_ms", lambda v: _int_in(v, 100, 600_000))
         take("setup_retries", lambda v: _int_in(v, 1, 100))
+        take("copy_threads", lambda v: _int_in(v, 1, 8))
         cfg = cls(**vals)
         errors += cfg._cross_check(raw)
         if errors:
@@ -259,4 +263,4 @@ def make_store(config: Mapping[str, Any] | StoreConfig) -> Store:
         return MooncakeStore(cfg)
     from .memory import MemoryStore
 
-    return MemoryStore(cfg.capacity_bytes, evict=cfg.evict)
+    return MemoryStore(cfg.capacity_bytes, evict=cfg.evict, copy_threads=cfg.copy_threads)

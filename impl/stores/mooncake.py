@@ -47,6 +47,7 @@ import numpy as np
 
 from .base import ByteBuffer, Outcome, Store, StoreError, as_bytes_array, check_batch
 from .config import StoreConfig
+from .copies import CopyCrew
 from .guard import CLOSED, CallGuard
 
 # Mooncake ErrorCode values this wrapper distinguishes (mooncake-store/include/types.h).
@@ -159,6 +160,7 @@ class MooncakeStore(Store):
             raise StoreError(f"mooncake setup failed ({_code_text(rc)}): is mooncake_master "
                              f"running at {config.master_address}?")
         self._guard = CallGuard(self._health, self._probe)
+        self.copies = CopyCrew(config.copy_threads)  # fills staging in write_batch
         self._registered: dict[int, tuple[int, np.ndarray]] = {}  # start ptr -> (end, array)
 
     # --- lifetime and health -----------------------------------------------------------------
@@ -184,6 +186,7 @@ class MooncakeStore(Store):
         unmount its segment (2-20 s measured), which would freeze every thread of the engine:
         then the client is parked instead and closed at interpreter exit. Either way later
         calls are refused at once and this returns within :data:`CLOSE_BOUND_S`."""
+        self.copies.close()
         master_down = (self._guard.down_reason is not None or self._health() is not None
                        or not self._master_listening())
         if not self._guard.close(wait=not master_down):

@@ -5,6 +5,8 @@ What it mirrors, module by module:
 - ``config``: the connector's static view of the engine (store groups, lcm, h, partial hits,
   EAGLE margins) and its role (``MooncakeStoreScheduler.__init__``, MS:138-205).
 - ``meta``: per-request tracker, store jobs and load specs (``data.py`` MD:688-865).
+- ``masks``: which chunks of each group the store writes and probes (``store_mask`` /
+  ``lookup_mask``, MCO:278-382; a sliding window keeps only the blocks a hit needs).
 - ``tail``: attention tail puts of a partial tail (``_partial_tail_non_mamba_puts`` MS:62-132).
 - ``scheduler``: jobs, pins and finish-time hand-offs (``build_connector_meta`` MS:304-525,
   ``_reference_save_blocks`` MS:550-598, ``register_finished_partial_tail`` MS:600-670,

@@ -2,8 +2,10 @@
 
 Mirrors ``MooncakeStoreScheduler.__init__`` (MS:138-205) and
 ``MooncakeStoreCoordinator.__init__`` / ``_verify_and_split_kv_cache_groups`` (MCO:87-226).
-Every Full-attention and Mamba-align group is prefix-cacheable, so store group ids equal core
-group ids here (``_store_group_id_by_kv_cache_group_id`` is the identity).
+Every group kind of the trace format (full attention, sliding window, Mamba align) is
+prefix-cacheable, so store group ids equal core group ids here
+(``_store_group_id_by_kv_cache_group_id`` is the identity). A store spec group is the reference
+core's ``SpecGroup`` (kind, block size, window): the store merges groups as the core does.
 """
 
 from __future__ import annotations
@@ -11,7 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tailproof.reference.geometry import Geometry
+from tailproof.reference.geometry import (
+    FULL_ATTENTION,
+    MAMBA_ALIGN,
+    Geometry,
+    SpecGroup,
+    _split_spec_groups,
+)
 from tailproof.spec.arithmetic import eagle_proof_margin, lcm_all
 
 ROLES = {"producer": "kv_producer", "consumer": "kv_consumer", "both": "kv_both"}
@@ -54,20 +62,12 @@ class ConnectorConfig:
 
 
 @dataclass(frozen=True)
-class SpecGroup:
-    """A store spec group: groups with an equal spec looked up jointly (MCO:179-208)."""
-
-    is_mamba: bool
-    block_size: int
-    group_ids: tuple[int, ...]
-    use_eagle: bool
-
-
-@dataclass(frozen=True)
 class StoreGeometry:
     """What the connector knows of the engine: block sizes, h, lcm, partial hits, EAGLE."""
 
     block_sizes: tuple[int, ...]
+    kinds: tuple[str, ...]  # per group: full_attention | sliding_window | mamba_align
+    windows: tuple[int | None, ...]  # per group: the sliding window in tokens, else None
     mamba_group_ids: frozenset[int]
     hash_block_size: int
     lcm_block_size: int
@@ -75,6 +75,7 @@ class StoreGeometry:
     use_eagle: bool
     attention_groups: tuple[SpecGroup, ...]
     eagle_proof_margin_by_group: dict[int, int]
+    eagle_group_ids: frozenset[int]  # groups whose spec group drops the EAGLE block
 
     @property
     def alignment(self) -> int:
@@ -92,28 +93,27 @@ class StoreGeometry:
         (``spec.arithmetic.partial_hash_hits_enabled``; ``from_kv_cache_config``'s
         ``cache_hit_alignment_tokens < scheduler_block_size`` then always holds)."""
         geo = Geometry.from_config(config)
-        sizes = tuple(int(g.block_size) for g in config.groups)
-        mamba = frozenset(i for i, g in enumerate(config.groups) if g.kind == "mamba_align")
-        h = int(config.hash_block_size)
+        sizes = tuple(g.block_size for g in geo.groups)
+        kinds = tuple(g.kind for g in geo.groups)
+        mamba = frozenset(i for i, k in enumerate(kinds) if k == MAMBA_ALIGN)
+        h = geo.hash_block_size
         lcm = lcm_all(list(sizes)) if len(sizes) > 1 else sizes[0]
         partial = geo.partial_hits
-        use_eagle = bool(getattr(config, "use_eagle", False))
-        merged: list[SpecGroup] = []
-        for i, g in enumerate(config.groups):
-            is_mamba = i in mamba
-            eagle = bool(getattr(g, "eagle", False))
-            for k, sg in enumerate(merged):
-                if sg.is_mamba == is_mamba and sg.block_size == sizes[i]:
-                    merged[k] = SpecGroup(is_mamba, sg.block_size, (*sg.group_ids, i),
-                                          sg.use_eagle or eagle)
-                    break
-            else:
-                merged.append(SpecGroup(is_mamba, sizes[i], (i,), eagle))
-        merged.sort(key=lambda sg: sg.is_mamba)  # full attention first (MCO:204)
-        if use_eagle and not any(sg.use_eagle for sg in merged):  # MCO:206-207
-            merged = [SpecGroup(sg.is_mamba, sg.block_size, sg.group_ids, True) for sg in merged]
-        margins = {  # eagle_proof_margin_by_group (MCO:216-226); FA supports fine lookup
-            gid: eagle_proof_margin(sg.block_size, h, partial)
-            for sg in merged if sg.use_eagle and not sg.is_mamba for gid in sg.group_ids
+        use_eagle = geo.use_eagle
+        # _verify_and_split_kv_cache_groups: a spec group is EAGLE when one of its groups is
+        # flagged (``is_eagle_group``); all are when EAGLE is on and none is (MCO:206-207).
+        flagged = frozenset(i for i, g in enumerate(geo.groups) if g.eagle)
+        merged = _split_spec_groups(geo.groups, flagged)
+        if use_eagle and not any(sg.use_eagle for sg in merged):
+            merged = tuple(SpecGroup(sg.kind, sg.block_size, sg.group_ids, True,
+                                     sg.sliding_window) for sg in merged)
+        eagle_ids = frozenset(gid for sg in merged if sg.use_eagle for gid in sg.group_ids)
+        # eagle_proof_margin_by_group (MCO:216-226): a fine-grained margin needs a manager with
+        # ``supports_fine_grained_hash_lookup``: full attention yes, a sliding window no.
+        margins = {
+            gid: eagle_proof_margin(sg.block_size, h, partial and sg.kind == FULL_ATTENTION)
+            for sg in merged if sg.use_eagle and sg.kind != MAMBA_ALIGN for gid in sg.group_ids
         }
-        return cls(sizes, mamba, h, lcm, partial, use_eagle, tuple(merged), margins)
+        windows = tuple(g.sliding_window for g in geo.groups)
+        return cls(sizes, kinds, windows, mamba, h, lcm, partial, use_eagle, merged, margins,
+                   eagle_ids)

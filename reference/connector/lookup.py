@@ -16,9 +16,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from tailproof.reference.block_pool import Block
-from tailproof.reference.connector.config import SpecGroup, StoreGeometry
+from tailproof.reference.connector.config import StoreGeometry
+from tailproof.reference.connector.masks import lookup_mask
 from tailproof.reference.connector.meta import LoadSpec, TailKeyBoundary
-from tailproof.reference.managers import FullAttentionManager, MambaAlignManager
+from tailproof.reference.coordinator import _find_hit
+from tailproof.reference.geometry import FULL_ATTENTION, MAMBA_ALIGN, SpecGroup
 from tailproof.spec.arithmetic import cdiv, eagle_proof_margin
 
 
@@ -42,37 +44,39 @@ class ExternalCachedBlockPool:
         return (gid, bytes(digest)) in self.exists
 
 
-def _finder(sg: SpecGroup) -> Callable[..., tuple[list[list[Block]], int]]:
-    return MambaAlignManager.find_longest_cache_hit if sg.is_mamba else (
-        FullAttentionManager.find_longest_cache_hit)
+def _finder(geo: StoreGeometry, sg: SpecGroup, hashes: list[bytes], max_length: int,
+            pool: ExternalCachedBlockPool, drop: bool) -> int:
+    """The hit length of the spec group's manager class (the reference core's finders)."""
+    _, hit = _find_hit(sg.kind, hashes, max_length, sg.group_ids, pool,  # type: ignore[arg-type]
+                       sg.block_size, drop, geo.alignment, sg.sliding_window)
+    return hit
 
 
 def find_hit(geo: StoreGeometry, hashes: Sequence[bytes], max_length: int,
              pool: ExternalCachedBlockPool) -> int:
     """The hybrid fixed point of ``MooncakeStoreCoordinator._find_hit_blocks`` (eagle on)."""
-    a = geo.alignment
     groups = geo.attention_groups
     hl = list(hashes)
     if len(groups) == 1:
-        sg = groups[0]
-        _, hit = _finder(sg)(hl, max_length, sg.group_ids, pool, sg.block_size, sg.use_eagle, a)
-        return hit
+        return _finder(geo, groups[0], hl, max_length, pool, groups[0].use_eagle)
     hit_length = max_length
     group_hit: dict[int, int] = {}
-    simple = len(groups) == 2 and not groups[0].is_mamba
+    simple = len(groups) == 2 and groups[0].kind == FULL_ATTENTION
     verified: set[int] = set()
     while True:
         curr = hit_length
         for idx, sg in enumerate(groups):
-            if not sg.is_mamba and idx in group_hit:
+            if sg.kind == FULL_ATTENTION and idx in group_hit:
                 curr = min(curr, group_hit[idx])  # full attention is downward closed
                 continue
             drop = sg.use_eagle and idx not in verified
             bound = curr
-            if drop and not sg.is_mamba:  # no peek margin for Mamba (#43559)
-                margin = eagle_proof_margin(sg.block_size, geo.hash_block_size, geo.partial_hits)
+            if drop and sg.kind != MAMBA_ALIGN:  # no peek margin for Mamba (#43559)
+                # a fine-grained margin only where the manager supports fine lookups (FA)
+                margin = eagle_proof_margin(sg.block_size, geo.hash_block_size,
+                                            geo.partial_hits and sg.kind == FULL_ATTENTION)
                 bound = min(curr + margin, len(hl) * geo.hash_block_size)
-            _, new = _finder(sg)(hl, bound, sg.group_ids, pool, sg.block_size, drop, a)
+            new = _finder(geo, sg, hl, bound, pool, drop)
             if drop:
                 verified.add(idx)
             elif new < curr:
@@ -89,16 +93,21 @@ def find_hit(geo: StoreGeometry, hashes: Sequence[bytes], max_length: int,
 
 def candidate_units(geo: StoreGeometry, num_hashes: int, token_len: int) -> dict[int, list[int]]:
     """Hash-unit indices each group probes (MW:2118-2147): every unit below the aligned length
-    with partial hits, else each chunk's block-end unit."""
+    with partial hits, else the block-end unit of each chunk ``lookup_mask`` keeps (a sliding
+    window probes only the blocks a hit at an lcm boundary can use)."""
     h = geo.hash_block_size
     out: dict[int, list[int]] = {}
+    masks = None if geo.partial_hits else lookup_mask(geo, token_len)
     for gid, bs in enumerate(geo.block_sizes):
-        if geo.partial_hits:
+        if masks is None:
             out[gid] = list(range(min(num_hashes, token_len // h)))
             continue
         scale = bs // h
-        num_chunks = num_hashes // scale
-        out[gid] = [(c + 1) * scale - 1 for c in range(min(num_chunks, cdiv(token_len, bs)))]
+        limit = min(num_hashes // scale, cdiv(token_len, bs))
+        mask = masks[gid]
+        if mask is not None:
+            limit = min(limit, len(mask))
+        out[gid] = [(c + 1) * scale - 1 for c in range(limit) if mask is None or mask[c]]
     return out
 
 

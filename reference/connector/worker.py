@@ -9,8 +9,9 @@ Mirrors ``KVCacheStoreSendingThread`` (MW:397-1045) and the ledger retirement of
    for a live job, skips its request) keeps its keys absent and skips this job's normal save
    (``_maybe_offload_boundary_states``, MW:615-725); a fully successful batch clears the gate;
 4. an offload-only job (``token_len_chunk == 0``) stops here;
-5. the normal save of the lcm-floored range from this rank's own offset: non-Mamba groups only
-   (``store_mask`` excludes Mamba, MCO:278-309), null or missing sources skipped, each chunk keyed
+5. the normal save of the lcm-floored range from this rank's own offset: the chunks
+   ``store_mask`` keeps (no Mamba chunk; of a sliding window only the blocks a hit at an lcm
+   boundary can use, ``masks.store_mask``), null or missing sources skipped, each chunk keyed
    by its block-end hash; the offset advances only on full success of a live job, which also
    clears the gate; -200 marks pressure.
 
@@ -27,6 +28,7 @@ from collections import deque
 from typing import Any
 
 from tailproof.reference.connector.config import StoreGeometry
+from tailproof.reference.connector.masks import store_mask
 from tailproof.reference.connector.meta import ReqMeta
 from tailproof.reference.connector.store import NO_AVAILABLE_HANDLE, ScriptedStore
 from tailproof.reference.connector.tail import NULL_BLOCK_ID
@@ -180,16 +182,22 @@ class SendingWorker:
         return result != "failed"
 
     def _normal_save(self, job: ReqMeta, token_len: int) -> None:
+        """The positional save (``_handle_request`` over ``ChunkedTokenDatabase.process_tokens``
+        with ``chunk_mask``): chunk ``first + i`` is written only where ``mask[i]``."""
         geo = self.geo
         start = self.saved_offset.get(job.req_id, 0)
         keys: list[Key] = []
         tags: list[Tag] = []
         assert token_len // geo.hash_block_size <= len(job.block_hashes)
+        masks = store_mask(geo, token_len, start)
         for gid, bs in enumerate(geo.block_sizes):
-            if gid in geo.mamba_group_ids:
-                continue  # never saved positionally
             table = job.block_ids[gid]
-            for chunk in range(cdiv(start, bs), cdiv(token_len, bs)):
+            first, mask = cdiv(start, bs), masks[gid]
+            stop = cdiv(token_len, bs) if mask is None else min(cdiv(token_len, bs),
+                                                                 first + len(mask))
+            for chunk in range(first, stop):
+                if mask is not None and not mask[chunk - first]:
+                    continue  # unreachable for a hit; every Mamba chunk
                 end = min((chunk + 1) * bs, token_len)
                 if chunk >= len(table) or table[chunk] == NULL_BLOCK_ID:
                     continue

@@ -91,11 +91,22 @@ def test_fixed_sample_is_killed_by_the_corpus(corpus_workload) -> None:  # noqa:
     assert all(r.status in (KILLED, SURVIVED) for r in report.results)
 
 
+def test_corpus_kills_the_window_store_mutants(corpus_workload) -> None:  # noqa: ANN001
+    """The store path with a sliding-window group: the cases with a window kill the two
+    mutants that no trace reached while connector traces could not carry a window."""
+    chosen = select(ids=["mw-null-chunk-saved", "ms-tail-puts-null-accepted"])
+    report = run_mutants(chosen, corpus_workload, jobs=2, timeout_s=240)
+    killed = {r.id for r in report.results if r.status == KILLED}
+    assert killed == {"mw-null-chunk-saved", "ms-tail-puts-null-accepted"}
+    # today by conn_w01 (the null reachable chunk) and conn_w02 (the null tail blocks)
+    assert all(r.killed_by["trace"].startswith("conn_w") for r in report.results)
+
+
 def test_cli_json_and_bad_module(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["mutate", "--module", "no-such-module"]) == 2
     capsys.readouterr()
     rc = main(["mutate", "--json", "--mutant", "co-no-clipping", "--generated", "0",
-               "--generated-connector", "0"])
+               "--generated-connector", "0", "--generated-window", "0"])
     out = json.loads(capsys.readouterr().out)
     assert rc == 0
     assert out["killed"] == 1 and out["non_equivalent"] == 1

@@ -52,9 +52,6 @@ CASES = {
                             "config.groups[0].sliding_window", "int > 0"),
     "window_on_full_attention": (lambda d: d["config"]["groups"][0].update(sliding_window=8),
                                  "config.groups[0].sliding_window", "only sliding_window"),
-    "window_with_connector": (lambda d: (d["config"]["groups"][0].update(
-        kind="sliding_window", sliding_window=8), d["config"].update(connector={})),
-        "config.connector", "core traces only"),
     "unitary_finer_hash": (lambda d: d["config"].update(
         groups=[{"kind": "full_attention", "block_size": 8}]), "config.hash_block_size",
         "one group"),

@@ -614,6 +614,112 @@ def junction_state_stored() -> Case:
     return c
 
 
+def window_config(groups: list[tuple[str, int, bool]], h: int, num_blocks: int = 64,
+                  use_eagle: bool = False) -> dict[str, Any]:
+    """``config`` where each ``sliding_window`` group gets a window of block + 1 tokens (a hit
+    needs one contiguous block, two with EAGLE)."""
+    doc = config(groups, h, num_blocks, use_eagle)
+    for g in doc["groups"]:
+        if g["kind"] == SW:
+            g["sliding_window"] = g["block_size"] + 1
+    return doc
+
+
+SW = "sliding_window"
+G_WINDOW = [(FA, 4, False), (SW, 4, False), (M, 16, False)]  # lcm 16: 4 window blocks each
+
+
+def window_store_mask_skips_null_chunk() -> Case:
+    c = case("conn_w01_window_store_mask_skips_null_chunk",
+             "A sliding window (block 4, window 5: a hit needs 1 block) beside FA 4 and Mamba 16, "
+             "h 2 (partial hits off, lcm 16). The normal save writes only the window blocks a "
+             "hit at an lcm boundary can use (MooncakeStoreCoordinator.store_mask, the window's "
+             "reachable_block_mask: blocks 3 and 7, keys 16 and 32), every FA block, no Mamba "
+             "chunk. With the window key at 16 removed, B (A's 40 tokens + 8) hits 32 locally: "
+             "its window table is null before block 7, and its save must skip the null chunk 3 "
+             "that the mask keeps (KVCacheStoreSendingThread._handle_request) and put the new "
+             "window block 11 (key 48). A lookup probes only masked window chunks "
+             "(lookup_mask) and hits 48.",
+             window_config(G_WINDOW, 2))
+    c.add("A", [rng(0, 40)])
+    c.step(admit=("A",), budget=16)
+    c.step(run=("A",), budget=16)
+    c.step(run=("A",), budget=16)
+    c.op("worker_run")
+    c.op("worker_report")
+    c.op("store_keys")
+    c.op("store_remove", rid="A", keys=[[1, 16]])
+    c.add("B", [of("A", 40), rng(100, 108)])
+    c.step(admit=("B",), budget=16)
+    c.op("table", rid="B")
+    c.step(run=("B",), budget=16)
+    c.op("worker_run")
+    c.op("worker_report")
+    c.op("store_keys")
+    c.add("C", [of("B", 48), rng(200, 204)])
+    c.op("store_lookup", rid="C")
+    c.op("snapshot")
+    return c
+
+
+def window_tail_puts_skip_null() -> Case:
+    c = case("conn_w02_window_tail_puts_skip_null",
+             "The prompt tail with a sliding window (FA 4, window block 4 / window 5, Mamba 16; "
+             "h 4: partial hits on, lcm 16). A's 46-token prompt caches every window block "
+             "locally (the core's mask aligns on h) and the Mamba checkpoint at 44. B, the same "
+             "prompt, hits 44 locally: its window table is null before block 10. B's job that "
+             "publishes the tail puts FA blocks 8-10 (keys 36, 40, 44) and only window block "
+             "10: _partial_tail_non_mamba_puts skips the window's null blocks 8 and 9 (a null "
+             "put would trip _reference_save_blocks' assertion). C's store lookup hits 32: no "
+             "Mamba state at 44 reached the store (A's tail job is due at its next step, and "
+             "B's state at 44 is a local hit, never handed off).",
+             window_config(G_WINDOW, 4))
+    c.add("A", [rng(0, 46)])
+    c.step(admit=("A",), budget=16)
+    c.step(run=("A",), budget=16)
+    c.step(run=("A",), budget=16)
+    c.op("worker_run")
+    c.op("worker_report")
+    c.add("B", [of("A", 46)])
+    c.step(admit=("B",))
+    c.op("table", rid="B")
+    c.op("worker_run")
+    c.op("worker_report")
+    c.op("store_keys")
+    c.add("C", [of("A", 46), rng(300, 304)])
+    c.op("store_lookup", rid="C")
+    c.op("snapshot")
+    return c
+
+
+def window_eagle_store_mask_shift() -> Case:
+    c = case("conn_w03_window_eagle_store_mask_shift",
+             "EAGLE on a sliding window (FA 16, window block 16 / window 17, Mamba 64; h 8: "
+             "partial hits off, lcm 64). A window hit with EAGLE needs two contiguous blocks "
+             "and peeks one block past the boundary, so the store keeps window blocks 3-4 and "
+             "7-8 (store_mask: the reachable run shifted by one; A's lcm-floored saves reach "
+             "keys 64, 80 and 128) and every FA block. A lookup of A's prompt probes only those "
+             "window chunks (lookup_mask) and hits 64: a hit at 128 needs block 8 too (its "
+             "EAGLE peek, key 144).",
+             window_config([(FA, 16, False), (SW, 16, True), (M, 64, False)], 8, 64,
+                           use_eagle=True))
+    c.add("A", [rng(0, 150)])
+    c.step(admit=("A",), budget=64)
+    c.step(run=("A",), budget=64)
+    c.step(run=("A",), budget=64)
+    c.op("worker_run")
+    c.op("worker_report")
+    c.op("store_keys")
+    c.add("B", [of("A", 150), rng(400, 420)])
+    c.op("store_lookup", rid="B")
+    c.op("snapshot")
+    return c
+
+
+WINDOW: list[Callable[[], Case]] = [
+    window_store_mask_skips_null_chunk, window_tail_puts_skip_null, window_eagle_store_mask_shift,
+]
+
 ALL: list[Callable[[], Case]] = [
     subblock_tail_reads_cow_target, smaller_group_tail_puts, junction_state_stored,
     null_and_mamba_never_saved_positionally, pressure_gate, failed_boundary_put_stays_absent,
@@ -624,7 +730,7 @@ ALL: list[Callable[[], Case]] = [
     lookup_clipped_by_missing_group, sub_block_prompt_lookup, eagle_tail_puts_proof_margin,
     pins_block_reset, tracker_save_boundaries, consumer_claims_nothing,
     aligned_prompt_two_handoffs, multi_mamba_groups, cow_target_not_reused,
-    external_mamba_admission_undercount,
+    external_mamba_admission_undercount, *WINDOW,
 ]
 
 

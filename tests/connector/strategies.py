@@ -15,12 +15,12 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from tailproof.conformance.generate import FA, Geometry, M, geometry_config, prompt_tokens
+from tailproof.conformance.generate import FA, SW, Geometry, M, geometry_config, prompt_tokens
 from tailproof.conformance.lockstep import Lockstep as Run
 from tailproof.conformance.lockstep import LockstepDivergence as ConnectorDivergence
 from tailproof.conformance.steps import Steps, op
 
-__all__ = ["ConnectorDivergence", "Run", "connector_trace"]
+__all__ = ["WINDOW_GEOMETRIES", "ConnectorDivergence", "Run", "connector_trace"]
 
 ADAPTERS = ("vllm-mooncake", "reference")
 GEOMETRIES: list[Geometry] = [
@@ -34,6 +34,16 @@ GEOMETRIES: list[Geometry] = [
     ([(FA, 8, False), (M, 8, False)], 4, True),  # EAGLE, no group flagged: every group EAGLE
     ([(FA, 4, True), (FA, 8, False), (M, 8, False)], 4, True),  # EAGLE on one FA group of two
     ([(FA, 16, False), (M, 8, False)], 8, False),  # h = Mamba block < lcm
+]
+# A sliding-window group beside FA and Mamba (window = block + 1, geometry_config): the store
+# keeps and probes only the window blocks a hit at an lcm boundary needs (store_mask /
+# lookup_mask), and a request past its window holds null blocks there. Drawn on their own
+# (``connector_trace(WINDOW_GEOMETRIES)``), so the fixed budgets drawn from GEOMETRIES stay.
+WINDOW_GEOMETRIES: list[Geometry] = [
+    ([(FA, 4, False), (SW, 4, False), (M, 16, False)], 2, False),  # partial hits off, lcm 16
+    ([(FA, 4, False), (SW, 4, False), (M, 16, False)], 4, False),  # partial hits on (block = h)
+    ([(FA, 16, False), (SW, 16, True), (M, 64, False)], 8, True),  # EAGLE on the window
+    ([(FA, 8, False), (SW, 4, True), (M, 16, False)], 4, True),  # EAGLE, window block < FA's
 ]
 SCRIPT_ENTRIES: list[Any] = ["ok", "ok", "ok", "full", "error", "raise", ["ok", "full"]]
 RUNNING_ACTIONS = ["run", "run", "decode", "finish", "preempt", "idle"]
@@ -149,9 +159,11 @@ class _ConnectorScript:
 
 
 @st.composite
-def connector_trace(draw: st.DrawFn, max_steps: int = 12) -> Run:
-    """Draw and run one connector trace (raises ConnectorDivergence on disagreement)."""
-    geometry = draw(st.sampled_from(GEOMETRIES))
+def connector_trace(draw: st.DrawFn, geometries: list[Geometry] | None = None,
+                    max_steps: int = 12) -> Run:
+    """Draw and run one connector trace on one of ``geometries`` (default ``GEOMETRIES``);
+    raises ConnectorDivergence on disagreement."""
+    geometry = draw(st.sampled_from(geometries or GEOMETRIES))
     workers = draw(st.sampled_from([1, 1, 2]))
     connector = {"role": draw(st.sampled_from(["producer", "producer", "both", "consumer"])),
                  "num_workers": workers, "save_decode_cache": draw(st.booleans()),

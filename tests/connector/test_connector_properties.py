@@ -2,7 +2,8 @@
 reference connector and vLLM 0.33's Mooncake connector observe exactly the same thing, block ids
 included. On a divergence hypothesis shrinks the trace and the minimal one is written to
 ``tests/connector/failures/`` as a corpus-ready file (set ``TAILPROOF_CONN_EXAMPLES`` to run more
-or fewer than the default 400 traces)."""
+or fewer than the default 400 traces). Connector traces with a sliding-window group beside FA
+and Mamba are drawn on their own (``TAILPROOF_CONN_WINDOW_EXAMPLES``, default 40)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import os
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,24 +21,31 @@ pytest.importorskip("vllm", reason="vLLM 0.33 is not installed in this environme
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from strategies import ConnectorDivergence, Run, connector_trace  # noqa: E402
+from strategies import (  # noqa: E402
+    WINDOW_GEOMETRIES,
+    ConnectorDivergence,
+    Run,
+    connector_trace,
+)
 
 from tailproof.conformance.connector_ops import CONNECTOR_OPS  # noqa: E402
 from tailproof.conformance.generate import write_case  # noqa: E402
 
 FAILURES = Path(__file__).resolve().parent / "failures"
 EXAMPLES = int(os.environ.get("TAILPROOF_CONN_EXAMPLES", "400"))
+WINDOW_EXAMPLES = int(os.environ.get("TAILPROOF_CONN_WINDOW_EXAMPLES", "40"))
 
 
-def _check(examples: int, name: str) -> list[int]:
-    """Run ``examples`` traces; returns [traces, ops]; writes the shrunk divergence, if any."""
+def _check(examples: int, name: str, geometries: list[Any] | None = None) -> list[int]:
+    """Run ``examples`` traces (on ``geometries``, default the strategy's); returns
+    [traces, ops]; writes the shrunk divergence, if any."""
     seen = [0, 0]
 
     coverage: Counter[str] = Counter()
 
     @settings(max_examples=examples, deadline=None, database=None,
               suppress_health_check=list(HealthCheck))
-    @given(connector_trace())
+    @given(connector_trace(geometries))
     def run(r: Run) -> None:
         seen[0] += 1
         seen[1] += len(r.ops)
@@ -64,6 +73,14 @@ def _check(examples: int, name: str) -> list[int]:
 def test_reference_connector_matches_vllm_mooncake() -> None:
     traces, ops = _check(EXAMPLES, "conn_divergence_min")
     assert traces >= min(EXAMPLES, 300) * 0.9
+    assert ops > 20 * traces
+
+
+def test_reference_connector_matches_vllm_mooncake_with_a_window() -> None:
+    """The store path with a sliding-window group (store_mask / lookup_mask, null window
+    blocks in the tables of requests past their window or with a window hit)."""
+    traces, ops = _check(WINDOW_EXAMPLES, "conn_window_divergence_min", WINDOW_GEOMETRIES)
+    assert traces >= WINDOW_EXAMPLES * 0.9
     assert ops > 20 * traces
 
 

@@ -68,6 +68,9 @@ def test_mooncake_config_parses() -> None:
     ({"backend": "mooncake", "master_address": "h:1", "rpc_timeout_ms": 5}, "rpc_timeout_ms"),
     ({"backend": "mooncake", "master_address": "h:1", "setup_retries": "1"}, "setup_retries"),
     ({"backend": "mooncake", "master_address": "h:1", "local_hostname": ""}, "local_hostname"),
+    ({"copy_threads": 0}, "copy_threads"),
+    ({"copy_threads": 9}, "copy_threads"),
+    ({"backend": "mooncake", "master_address": "h:1", "copy_threads": "2"}, "copy_threads"),
 ])
 def test_one_clear_error_per_bad_field(raw: dict[str, Any], field: str) -> None:
     with pytest.raises(StoreConfigError) as ei:
@@ -120,3 +123,12 @@ def test_missing_libibverbs_is_one_clear_line(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(builtins, "__import__", fake_import)
     reason = mc_mod.unavailable_reason()
     assert reason and "libibverbs.so.1 is missing (apt-get install -y libibverbs1" in reason
+
+
+def test_copy_threads_reach_the_memory_store() -> None:
+    from tailproof.impl.stores import make_store
+
+    with make_store({"copy_threads": 3}) as store:
+        assert store.copies.threads == 3
+    with make_store({}) as store:
+        assert store.copies.threads == 2
