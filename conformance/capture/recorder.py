@@ -28,9 +28,11 @@ scheduler's ``_update_after_schedule`` and ``update_from_output``). So a recorde
 on any adapter and ``tailproof replay trace.json --against reference`` names the first op
 where the model disagrees with the engine.
 
-The handlers run on the scheduler's thread and only queue each op's values (a tuple per op);
-a writer thread builds, encodes and writes the ops in order (``writer.BackgroundWriter``), so
-the step path pays for no JSON, prefix sharing, run-length coding or redaction.
+The wrappers run on the scheduler's thread and only queue one raw tuple per call (the
+request and its counts, the arguments, the result, the free-block count); a writer thread
+derives the ops from them (``op_builder.OpBuilder``: request shadows, pending hits, handles,
+prefix sharing, redaction) and encodes and writes them in order
+(``writer.BackgroundWriter``).
 
 Manager calls the format does not model (``cache_blocks`` outside a landed load,
 ``pop_blocks_for_free`` of deferred frees, ``get_computed_blocks_for_connector``...) are
