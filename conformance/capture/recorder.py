@@ -54,11 +54,7 @@ RECORDER_VERSION = "tailproof-recorder/1"
 #: ops queued on the step path before they are handed to the writer thread (at a step end)
 HAND_OVER_OPS = 256
 
-# Manager methods recorded as ops, and those counted as unmodelled when called.
-RECORDED = ("new_step_starts", "get_computed_blocks", "allocate_slots",
-            "truncate_computed_blocks", "take_boundary_state_offloads",
-            "take_kv_cache_block_copies", "finalize_partial_tail_offloads", "free",
-            "evict_blocks", "reset_prefix_cache")
+# Manager methods counted as unmodelled when called (``install`` lists the recorded ones).
 UNMODELLED = ("cache_blocks", "pop_blocks_for_free", "get_computed_blocks_for_connector",
               "record_blocks_for_zeroing", "remove_skipped_blocks")
 
