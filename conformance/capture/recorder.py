@@ -50,7 +50,7 @@ from tailproof.conformance.capture.op_builder import OpBuilder
 from tailproof.conformance.capture.writer import BackgroundWriter, TraceWriter
 from tailproof.conformance.trace import FORMAT_TAG
 
-RECORDER_VERSION = "tailproof-recorder/1"
+RECORDER_VERSION = "tailproof-recorder/2"
 #: ops queued on the step path before they are handed to the writer thread (at a step end)
 HAND_OVER_OPS = 256
 
