@@ -9,7 +9,9 @@ mostly measure the other processes). The ratio recorded/plain of each round is o
 sample; min and median over rounds are printed with the machine load.
 The recorder's writer thread builds, encodes and writes the ops off the scheduler's thread;
 its cost is shown too: the whole process's CPU time for the run (``time.process_time``, both
-threads, closing the trace included), paired the same way.
+threads, closing the trace included), paired the same way. The last recorded trace is then
+replayed on ``reference`` and ``vllm`` with strict block ids: a trace that does not replay
+with 0 divergences fails the run (exit 1), so only a recorder that records correctly is timed.
 
 Run: ``python -m benchmarks.recorder_overhead [--workload mixed] [--rounds 7] [--repeats 3]
 [--redact]`` (figures in ``BENCHMARKS.md``, trace capture).
@@ -30,6 +32,8 @@ from typing import Any
 from tailproof.conformance.capture.engine import CaptureEngine
 from tailproof.conformance.capture.recorder import Recorder
 from tailproof.conformance.capture.workloads import WORKLOADS
+from tailproof.conformance.replay import run_trace
+from tailproof.conformance.trace import load_trace
 
 
 class TimedEngine(CaptureEngine):
@@ -106,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
             ratios.append(got[True] / got[False])
             cpu_ratios.append(cpu[True] / cpu[False])
         size = out.stat().st_size
+        check = run_trace(load_trace(out), ["reference", "vllm"], strict=True)
     print(f"workload {args.workload} ({ops} ops, {size / 1024:.0f} KiB trace"
           f"{', redacted' if args.redact else ''}), {args.rounds} rounds x {args.repeats} "
           f"interleaved runs per side, "
@@ -116,7 +121,10 @@ def main(argv: list[str] | None = None) -> int:
           f"{statistics.median(ratios):.3f}  (paired per round)")
     print(f"  process CPU, both threads, recorded/plain: min {min(cpu_ratios):.3f}  median "
           f"{statistics.median(cpu_ratios):.3f}")
-    return 0
+    divergences = len(check.divergences)
+    print(f"  recorded trace replayed on reference,vllm --strict-ids: {len(check.trace.ops)} ops,"
+          f" {divergences} divergences")
+    return 1 if divergences or check.skipped() else 0
 
 
 if __name__ == "__main__":

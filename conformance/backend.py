@@ -65,9 +65,10 @@ class CoreBackend(Protocol):
 
     def allocate(
         self, rid: str, num_new_tokens: int, *, use_hit: bool, external: int,
-        delay_cache: bool, lookahead: int,
+        delay_cache: bool, lookahead: int, reserved: int = 0,
     ) -> list[list[int]] | None:
-        """``allocate_slots`` with the pending hit (if ``use_hit``) and external tokens; on
+        """``allocate_slots`` with the pending hit (if ``use_hit``) and external tokens
+        (``reserved``: ``reserved_blocks``, free blocks the allocation must leave); on
         success returns the new block ids per group and, as the scheduler does, sets
         ``num_computed_tokens += hit + external``. The pending hit is consumed either way."""
 

@@ -456,12 +456,14 @@ def register_capture(sub: Any) -> None:
     cap.add_argument("-o", "--output", required=True, metavar="FILE",
                      help="the trace to write")
     cap.add_argument("--seed", type=int, default=0, help="seed of the workload's choices")
-    cap.add_argument("--connector", default="none", choices=["none", "tailproof"],
-                     help="KV connector the scheduler runs with: none, or tailproof "
-                          "(TailproofConnector on the in-process memory store, worker ranks "
-                          "in-process; its calls and store runs are recorded as connector "
-                          "ops). store_failures and two_workers need tailproof; vLLM's "
-                          "MooncakeStoreConnector is not run (it needs a Mooncake store)")
+    cap.add_argument("--connector", default="none", choices=["none", "tailproof", "mooncake"],
+                     help="KV connector the scheduler runs with: none; tailproof "
+                          "(TailproofConnector on the in-process memory store); or mooncake "
+                          "(vLLM 0.33's MooncakeStoreConnector and its store sending thread "
+                          "over an embedded in-memory store, no Mooncake master; loads land "
+                          "in the step that issued them, no bytes moved). Worker ranks run "
+                          "in-process; the connector's calls and store runs are recorded as "
+                          "connector ops. store_failures and two_workers need a connector")
     cap.add_argument("--geometry", default=None, metavar="G",
                      help=f"block geometry, one of: {', '.join(GEOMETRIES)} "
                           "(unset: fa16-m16-h4)")

@@ -187,7 +187,8 @@ class CoreDriver:
         rid = op["rid"]
         n = self.planned.get(rid, 0) if op["n"] == "plan" else op["n"]
         new = self.core.allocate(rid, n, use_hit=op["use_hit"], external=op["external"],
-                                 delay_cache=op["delay_cache"], lookahead=op["lookahead"])
+                                 delay_cache=op["delay_cache"], lookahead=op["lookahead"],
+                                 reserved=op["reserved"])
         self.hits.pop(rid, None)
         self.last_alloc[rid] = n if new is not None else 0  # nothing to commit on failure
         if new is not None:

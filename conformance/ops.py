@@ -43,6 +43,7 @@ CORE_OPS: dict[str, dict[str, Field]] = {
     "allocate": {
         "rid": Field(RID), "n": Field(NAT_OR_PLAN), "use_hit": Field(BOOL, False),
         "external": Field(NAT, 0), "delay_cache": Field(BOOL, False), "lookahead": Field(NAT, 0),
+        "reserved": Field(NAT, 0),
     },
     "commit": {"rid": Field(RID), "n": Field(NAT_OR_NULL, None)},
     "rollback": {"rid": Field(RID), "n": Field(NAT)},

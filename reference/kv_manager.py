@@ -67,9 +67,12 @@ class KVCacheManager:
         num_lookahead_tokens: int = 0,
         num_external_computed_tokens: int = 0,
         delay_cache_blocks: bool = False,
+        reserved_blocks: int = 0,
     ) -> Blocks | None:
-        """mirrors KVCacheManager.allocate_slots (no watermark, reserve, admission gate or
-        encoder tokens): remove skipped blocks, admit, adopt the hit, allocate, cache."""
+        """mirrors KVCacheManager.allocate_slots (no watermark, admission gate or encoder
+        tokens): remove skipped blocks, admit within the free blocks less ``reserved_blocks``
+        (what the scheduler keeps for in-flight prefills while it admits an asynchronous
+        load), adopt the hit, allocate, cache."""
         if num_new_tokens == 0 and num_external_computed_tokens == 0 and (
             num_new_computed_tokens == 0
         ):
@@ -101,7 +104,7 @@ class KVCacheManager:
             num_local_computed,
             num_tokens_main_model,
         )
-        if need > self.block_pool.get_num_free_blocks():
+        if need > self.block_pool.get_num_free_blocks() - reserved_blocks:
             return None
         if has_hit_blocks or num_external_computed_tokens > 0:
             coord.allocate_new_computed_blocks(

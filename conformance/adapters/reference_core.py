@@ -91,6 +91,7 @@ class ReferenceCoreBackend:
         external: int,
         delay_cache: bool,
         lookahead: int,
+        reserved: int = 0,
     ) -> list[list[int]] | None:
         req = self.requests[rid]
         pending = self.pending.pop(rid, None)
@@ -103,6 +104,7 @@ class ReferenceCoreBackend:
             num_lookahead_tokens=lookahead,
             num_external_computed_tokens=external,
             delay_cache_blocks=delay_cache,
+            reserved_blocks=reserved,
         )
         if new is None:
             return None

@@ -189,7 +189,7 @@ class VllmCoreBackend:
         self.manager.cache_blocks(self.requests[rid], num_tokens)
 
     def allocate(self, rid: str, num_new_tokens: int, *, use_hit: bool, external: int,
-                 delay_cache: bool, lookahead: int) -> list[list[int]] | None:
+                 delay_cache: bool, lookahead: int, reserved: int = 0) -> list[list[int]] | None:
         req = self.requests[rid]
         blocks, hit = self.pending.pop(rid, (None, 0))
         if not use_hit:
@@ -197,7 +197,7 @@ class VllmCoreBackend:
         new = self.manager.allocate_slots(
             req, num_new_tokens, num_new_computed_tokens=hit, new_computed_blocks=blocks,
             num_lookahead_tokens=lookahead, num_external_computed_tokens=external,
-            delay_cache_blocks=delay_cache)
+            delay_cache_blocks=delay_cache, reserved_blocks=reserved)
         self._report_copies()
         if new is None:
             return None

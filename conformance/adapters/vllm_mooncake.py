@@ -63,6 +63,44 @@ def _m() -> SimpleNamespace:
         MambaSpec=MambaSpec)
 
 
+def store_ranks(coord: Any, store_groups: list[Any], lcm: int, h: int, num_workers: int,
+                role: str, stores: list[Any],
+                lookup_store: Any) -> tuple[list[list[Any]], list[Any], list[Any]]:
+    """The worker side of ``num_workers`` Mooncake store ranks without GPUs: per rank, its
+    ``ChunkedTokenDatabase`` per store group (keyed under its own ``tp_rank``, like a TP
+    deployment), a real ``KVCacheStoreSendingThread`` over ``stores[rank]`` (never started:
+    ``_handle_request`` is run by the caller) and a bare ``MooncakeStoreWorker`` for
+    ``lookup`` (over ``lookup_store``) and ``_close_ended_store_requests``."""
+    m = _m()
+    dbs = [[m.ChunkedTokenDatabase(
+        m.KeyMetadata("tailproof", r, 0, 0, 0, group_id=g), grp.kv_cache_spec.block_size,
+        h) for g, grp in enumerate(store_groups)] for r in range(num_workers)]
+    for rank_dbs in dbs:
+        for db in rank_dbs:
+            db.set_kv_caches_base_addr([0])
+            db.set_block_len([1])
+    threads = [m.KVCacheStoreSendingThread(
+        stores[r], coord, dbs[r], lcm, r, [1] * len(store_groups), role, threading.Event(),
+        replicate_config=None) for r in range(num_workers)]
+    workers = []
+    for r in range(num_workers):
+        w = object.__new__(m.MooncakeStoreWorker)
+        w._capacity_only = False
+        w.coord = coord
+        w.token_dbs = dbs[r]
+        w._kv_cache_groups = store_groups
+        w.hash_block_size = h
+        w.store = lookup_store
+        w._lookup_key_prefixes = tuple(
+            tuple(m.PoolKey.build_prefix(db.metadata, tp_rank=rank)
+                  for rank in range(num_workers)) for db in dbs[r])
+        w._record_kv_connector_operation = lambda *a, **k: None
+        w.kv_send_thread = threads[r]
+        w.finished_store_req = set()
+        workers.append(w)
+    return dbs, threads, workers
+
+
 class _Store(ScriptedStore):
     """The scripted store behind Mooncake's store API; tags each put key for observation."""
 
@@ -82,7 +120,7 @@ class _Store(ScriptedStore):
         return rank, group, boundary_of[parts[-1]], rid
 
 
-class _LookupClient:
+class LookupClient:
     """``LookupKeyClient`` without ZMQ: asks rank 0's worker directly."""
 
     def __init__(self, worker: Any) -> None:
@@ -113,35 +151,9 @@ class VllmMooncakeConnector(ConnectorAdapter):
         self.store = _Store()
         self.num_workers = n = self.conf["num_workers"]
         role = _ROLE[self.conf["role"]]
-        self.dbs = [[m.ChunkedTokenDatabase(
-            m.KeyMetadata("tailproof", r, 0, 0, 0, group_id=g), grp.kv_cache_spec.block_size,
-            h) for g, grp in enumerate(store_groups)] for r in range(n)]
-        for dbs in self.dbs:
-            for db in dbs:
-                db.set_kv_caches_base_addr([0])
-                db.set_block_len([1])
-        self.threads = [m.KVCacheStoreSendingThread(
-            self.store, self.coord, self.dbs[r], lcm, r, [1] * len(store_groups), role,
-            threading.Event(), replicate_config=None) for r in range(n)]
-        self.workers = [self._worker(r, store_groups, h) for r in range(n)]
+        self.dbs, self.threads, self.workers = store_ranks(
+            self.coord, store_groups, lcm, h, n, role, [self.store] * n, self.store)
         self.sched = self._scheduler(kv_config, role, lcm, h, store_groups, core_backend)
-
-    def _worker(self, r: int, store_groups: list[Any], h: int) -> Any:
-        m = self.m
-        w = object.__new__(m.MooncakeStoreWorker)
-        w._capacity_only = False
-        w.coord = self.coord
-        w.token_dbs = self.dbs[r]
-        w._kv_cache_groups = store_groups
-        w.hash_block_size = h
-        w.store = self.store
-        w._lookup_key_prefixes = tuple(
-            tuple(m.PoolKey.build_prefix(db.metadata, tp_rank=rank)
-                  for rank in range(self.num_workers)) for db in self.dbs[r])
-        w._record_kv_connector_operation = lambda *a, **k: None
-        w.kv_send_thread = self.threads[r]
-        w.finished_store_req = set()
-        return w
 
     def _scheduler(self, kv_config: Any, role: str, lcm: int, h: int, store_groups: list[Any],
                    core_backend: Any) -> Any:
@@ -154,7 +166,7 @@ class VllmMooncakeConnector(ConnectorAdapter):
         s.enable_lookup = self.conf["enable_lookup"]
         s.save_decode_cache = self.conf["save_decode_cache"]
         s.enable_kv_events = False
-        s.client = _LookupClient(self.workers[0])
+        s.client = LookupClient(self.workers[0])
         s.kv_cache_config = kv_config
         s._store_group_ids = kv_config.prefix_cacheable_group_ids
         s._store_group_id_by_kv_cache_group_id = {

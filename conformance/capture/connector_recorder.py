@@ -1,9 +1,11 @@
 """Connector ops for a recorder whose engine runs a KV connector, workers in-process.
 
-Wraps the scheduler's connector (``get_num_new_matched_tokens`` -> ``sched_lookup``,
-``build_connector_meta`` -> ``conn_step``, ``update_connector_output`` -> ``worker_report``)
-and each worker connector's ``wait_for_save`` (-> ``worker_run``, once the rank's single
-sender thread has run the queued jobs); the scheduler's
+Wraps the scheduler's connector -- ``TailproofConnector`` or vLLM 0.33's
+``MooncakeStoreConnector``, whose scheduler-side calls are the same --
+(``get_num_new_matched_tokens`` -> ``sched_lookup``, ``build_connector_meta`` -> ``conn_step``,
+``update_connector_output`` -> ``worker_report``) and each worker rank's ``wait_for_save``
+(-> ``worker_run``, once the rank's single sender thread has run the queued jobs; a
+``mooncake_ranks.MooncakeRank`` runs them synchronously); the scheduler's
 ``finalize_partial_tail_offloads`` with the ``remove_skipped_blocks`` that follows it
 (``Scheduler._connector_finished``) becomes ``conn_finish``.
 Connector ops expect ``free`` (and ``sched_lookup`` what the connector answered: ``ext``,
@@ -75,7 +77,6 @@ def install(rec: Any, workers: list[Any],
     ``store_plan(rank)`` scripts that rank's put outcomes (``RefusingStore``)."""
     sched = rec.scheduler
     conn = sched.connector
-    absorb = [False]  # the scheduler's truncate after a connector lookup is part of it
 
     def wrap(obj: Any, name: str, handler: Any) -> None:
         orig = getattr(obj, name)
@@ -94,7 +95,7 @@ def install(rec: Any, workers: list[Any],
         out = orig(request, num_computed_tokens)
         rec._emit({"op": "sched_lookup", "rid": request.request_id,
                    "local": num_computed_tokens}, {"ext": out[0], "async": bool(out[1])})
-        absorb[0] = True
+        rec._absorb_truncate = True  # the scheduler's truncate that follows is part of it
         return out
 
     def conn_step(orig: Any, so: Any) -> Any:
@@ -102,7 +103,7 @@ def install(rec: Any, workers: list[Any],
         rec._emit({"op": "conn_step", "finished": sorted(so.finished_req_ids),
                    "preempted": sorted(so.preempted_req_ids),
                    "scheduled": dict(so.num_scheduled_tokens)}, {})
-        absorb[0] = False
+        rec._absorb_truncate = False
         return out
 
     def worker_report(orig: Any, output: Any) -> Any:
@@ -113,12 +114,13 @@ def install(rec: Any, workers: list[Any],
     def worker_run(rank: int, orig: Any) -> Any:
         if rank == 0:  # the step's commits come before any worker runs its jobs
             for req in list(sched.running):
-                if req.request_id in rec.shadows:
-                    rec._sync(req)
+                rec._sync_known(req)
         out = orig()
-        # wait_for_save only queues the jobs (one sender thread, FIFO): a worker_run is
-        # the jobs run to completion, so the rank is settled before the op is written.
-        if not workers[rank].worker_side.wait_idle(60.0):
+        # TailproofConnector's wait_for_save only queues the jobs (one sender thread, FIFO):
+        # a worker_run is the jobs run to completion, so the rank is settled before the op
+        # is written (a MooncakeRank runs them in wait_for_save).
+        side = getattr(workers[rank], "worker_side", None)
+        if side is not None and not side.wait_idle(60.0):
             raise RuntimeError(f"worker {rank}: store jobs still running after 60 s")
         op: dict[str, Any] = {"op": "worker_run", "worker": rank}
         script = stores[rank].take() if stores else []
@@ -128,13 +130,18 @@ def install(rec: Any, workers: list[Any],
         return out
 
     for rank, wc in enumerate(workers):
+        if not hasattr(wc, "worker_side"):
+            continue  # a mooncake_ranks.MooncakeRank: one synchronous FIFO
         threads = wc.worker_side.settings.send_threads
         if threads != 1:  # several senders interleave jobs: no FIFO order to record
             raise ValueError(f"workers[{rank}]: send_threads={threads}; connector recording "
                              "needs send_threads=1 (the reference runs one FIFO per worker)")
-    stores: list[RefusingStore] = []
+    stores: list[Any] = []  # RefusingStore or mooncake_ranks.RankStore: take()
     if store_plan is not None:
         for rank, wc in enumerate(workers):
+            if hasattr(wc, "refusing_store"):  # a MooncakeRank
+                stores.append(wc.refusing_store(store_plan(rank)))
+                continue
             side = wc.worker_side
             side.store = RefusingStore(side.store, store_plan(rank))
             stores.append(side.store)
@@ -143,23 +150,6 @@ def install(rec: Any, workers: list[Any],
     wrap(conn, "update_connector_output", worker_report)
     for rank, wc in enumerate(workers):
         wrap(wc, "wait_for_save", functools.partial(worker_run, rank))
-
-    truncate = rec._on_truncate_computed_blocks
-
-    def on_truncate(orig: Any, blocks: Any, num_tokens: int) -> Any:
-        if absorb[0]:
-            return orig(blocks, num_tokens)
-        return truncate(orig, blocks, num_tokens)
-
-    def on_finish(orig: Any, request: Any) -> Any:
-        rec._sync(request)
-        out = orig(request)
-        rec._finish_pending = request.request_id  # written after remove_skipped_blocks
-        return out
-
-    rec._on_truncate_computed_blocks = on_truncate
-    rec._on_finalize_partial_tail_offloads = on_finish
-    rec._finish_pending = None
 
 
 def install_finish_hand_off(rec: Any) -> None:

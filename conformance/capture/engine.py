@@ -5,8 +5,10 @@ built from a ``VllmConfig`` the way the engine core builds them; the model is th
 hybrid stand-in (``tiny_hybrid``). Only the model runner is played here: each step's sampled
 token is a deterministic function of the seed and the sequence so far, and the step's output
 goes back through ``Scheduler.update_from_output`` as a ``ModelRunnerOutput``. With
-``num_workers`` set, the scheduler runs ``TailproofConnector`` (memory store) and the worker
-ranks run in this process (``workers.WorkerRanks``), each step's connector output included.
+``num_workers`` set, the scheduler runs a KV connector and the worker ranks run in this
+process, each step's connector output included: ``TailproofConnector`` on its memory store
+(``workers.WorkerRanks``), or vLLM's ``MooncakeStoreConnector`` on an embedded store
+(``connector="mooncake"``, ``mooncake_ranks.MooncakeRanks``).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ class CaptureEngine:
                  long_prefill_token_threshold: int = 0, seed: int = 0,
                  max_model_len: int = 4096,
                  kv_transfer: dict[str, Any] | None = None,
-                 num_workers: int | None = None) -> None:
+                 num_workers: int | None = None, connector: str = "tailproof") -> None:
         from vllm.config import (
             CacheConfig,
             DeviceConfig,
@@ -49,7 +51,8 @@ class CaptureEngine:
         init_none_hash(sha256)
         tiny_hybrid.register()
         if num_workers is not None and kv_transfer is None:
-            kv_transfer = tailproof_connector_config()
+            kv_transfer = (mooncake_connector_config() if connector == "mooncake"
+                           else tailproof_connector_config())
         self.h = h
         self.seed = seed
         sizes = [b for _, b in groups]
@@ -80,10 +83,15 @@ class CaptureEngine:
 
             # Deferred frees are not modelled by the trace format (docs/triage.md).
             self.sched.defer_block_free = False
-            side = self.sched.connector.scheduler_side
-            side.num_workers = side.lookup_client.world = num_workers
-            self.ranks = WorkerRanks(self.vllm_config, self.kv_cache_config, groups,
-                                     num_blocks, num_workers)
+            if connector == "mooncake":
+                from tailproof.conformance.capture.mooncake_ranks import MooncakeRanks
+
+                self.ranks = MooncakeRanks(self.sched, self.kv_cache_config, num_workers)
+            else:
+                side = self.sched.connector.scheduler_side
+                side.num_workers = side.lookup_client.world = num_workers
+                self.ranks = WorkerRanks(self.vllm_config, self.kv_cache_config, groups,
+                                         num_blocks, num_workers)
         self.requests: dict[str, Any] = {}
         self.steps = 0
 
@@ -171,6 +179,14 @@ def tailproof_connector_config() -> dict[str, Any]:
     return {"kv_connector": "TailproofConnector",
             "kv_connector_module_path": "tailproof.impl.connector", "kv_role": "kv_both",
             "kv_connector_extra_config": {"store": "memory"},
+            "kv_load_failure_policy": "recompute"}
+
+
+def mooncake_connector_config() -> dict[str, Any]:
+    """``--kv-transfer-config`` of vLLM 0.33's ``MooncakeStoreConnector`` (asynchronous loads,
+    its default; the store itself is played in-process by ``mooncake_ranks``)."""
+    return {"kv_connector": "MooncakeStoreConnector", "kv_role": "kv_both",
+            "kv_connector_extra_config": {"load_async": True},
             "kv_load_failure_policy": "recompute"}
 
 

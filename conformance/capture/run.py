@@ -11,7 +11,13 @@ from tailproof.conformance.capture.engine import DEFAULT_GROUPS, CaptureEngine
 from tailproof.conformance.capture.recorder import Recorder
 from tailproof.conformance.capture.workloads import GEOMETRIES, WORKLOADS
 
-CONNECTORS = ("none", "tailproof")
+CONNECTORS = ("none", "tailproof", "mooncake")
+_CONNECTOR_DESC = {
+    "tailproof": "TailproofConnector (memory store, {n} in-process worker rank(s))",
+    "mooncake": "vLLM 0.33's MooncakeStoreConnector (embedded in-memory store in place of a "
+                "Mooncake master, {n} in-process worker rank(s), loads landing in the step "
+                "that issued them)",
+}
 
 
 class CaptureError(ValueError):
@@ -33,11 +39,10 @@ def check_arguments(workload: str, connector: str, geometry: str | None) -> None
                            f"(known: {', '.join(WORKLOADS)})")
     if connector not in CONNECTORS:
         raise CaptureError(f"--connector: {connector!r} is not supported (supported: "
-                           f"{', '.join(CONNECTORS)}; vLLM's MooncakeStoreConnector needs a "
-                           "Mooncake store, which the capture workloads do not run)")
+                           f"{', '.join(CONNECTORS)})")
     if connector == "none" and WORKLOADS[workload].num_workers is not None:
         raise CaptureError(f"--connector: workload {workload!r} runs the KV connector; "
-                           "pass --connector tailproof")
+                           "pass --connector tailproof or mooncake")
     if geometry is not None and geometry not in GEOMETRIES:
         raise CaptureError(f"--geometry: unknown geometry {geometry!r} "
                            f"(known: {', '.join(GEOMETRIES)})")
@@ -50,14 +55,16 @@ def capture(workload: str, path: str | Path, *, seed: int = 0, connector: str = 
     check_arguments(workload, connector, geometry)
     w = WORKLOADS[workload]
     groups, h = GEOMETRIES[geometry] if geometry else (DEFAULT_GROUPS, 4)
-    workers = (w.num_workers or 1) if connector == "tailproof" else None
-    engine = CaptureEngine(groups=groups, h=h, seed=seed, num_workers=workers, **w.engine)
-    name = f"cap_{workload}" + (f"_{geometry}" if geometry else "") + (f"_s{seed}" if seed else "")
+    workers = (w.num_workers or 1) if connector != "none" else None
+    engine = CaptureEngine(groups=groups, h=h, seed=seed, num_workers=workers,
+                           connector=connector, **w.engine)
+    name = (f"cap_{workload}" + (f"_{geometry}" if geometry else "")
+            + ("_mooncake" if connector == "mooncake" else "") + (f"_s{seed}" if seed else ""))
     desc = (f"Captured by `tailproof capture --workload {workload} --seed {seed}"
             + (f" --geometry {geometry}" if geometry else "")
             + (f" --connector {connector}" if workers else "") + "` from vLLM 0.33's real "
-            "Scheduler on CPU" + (f" with TailproofConnector (memory store, {workers} "
-                                   "in-process worker rank(s))" if workers else "")
+            "Scheduler on CPU" + (" with " + _CONNECTOR_DESC[connector].format(n=workers)
+                                  if workers else "")
             + f". {' '.join(w.description.split())}")
     plan = None
     if workers and w.store_plan is not None:

@@ -109,7 +109,8 @@ class BackgroundWriter:
     The recorder appends one tuple per op to a plain list on the step path -- ``(build,
     *args)`` with the values the op needs, nothing encoded -- and hands the list over at a
     step boundary once it holds a few hundred ops (``submit``). A thread calls
-    ``build(*args)`` (an op dict, or bytes already encoded) in order and streams it through a
+    ``build(*args)`` (an op dict, bytes already encoded, or None when ``build`` wrote to
+    the :class:`TraceWriter` itself) in order and streams it through a
     :class:`TraceWriter`, so the output is the same whatever the thread's timing; the thread
     runs at a lower OS priority (nice +10) so that on a busy host the scheduler's thread gets
     the CPU first. Memory is bounded: at most ``max_pending`` batches wait; past that
@@ -151,6 +152,8 @@ class BackgroundWriter:
                         w.step_boundary()
                         continue
                     op = item[0](*item[1:])
+                    if op is None:  # the item wrote its ops itself (recorder's OpBuilder)
+                        continue
                     if type(op) is bytes:
                         w.write_raw(op)
                     else:

@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from tailproof.conformance.capture.run import capture  # noqa: E402
+from tailproof.conformance.capture.run import CaptureError, capture  # noqa: E402
 from tailproof.conformance.capture.writer import join_segments  # noqa: E402
 from tailproof.conformance.cli import CASES_DIR, main  # noqa: E402
 from tailproof.conformance.replay import run_trace  # noqa: E402
@@ -44,12 +44,15 @@ def test_capture_chat_then_replay_json(tmp_path: Path,
 
 
 @pytest.mark.parametrize(("workload", "connector"), [
-    ("preemption", "none"), ("store_failures", "tailproof"), ("two_workers", "tailproof")])
+    ("preemption", "none"), ("store_failures", "tailproof"), ("two_workers", "tailproof"),
+    ("chat", "mooncake")])
 def test_capture_is_deterministic_and_matches_the_corpus(tmp_path: Path, workload: str,
                                                          connector: str) -> None:
     out = tmp_path / "c.json"
-    capture(workload, out, geometry="fa16-m16-h4", redact=True, connector=connector)
-    assert out.read_text() == (CASES_DIR / f"cap_{workload}_fa16-m16-h4.json").read_text()
+    res = capture(workload, out, geometry="fa16-m16-h4", redact=True, connector=connector)
+    assert res.unmodelled == {}  # reservations and landed loads are ops of their own
+    suffix = "_mooncake" if connector == "mooncake" else ""
+    assert out.read_text() == (CASES_DIR / f"cap_{workload}_fa16-m16-h4{suffix}.json").read_text()
     if connector != "none":  # the connector ran: its ops, store refusals where scripted
         doc = json.loads(out.read_text())
         assert doc["config"]["connector"]["num_workers"] == (2 if workload == "two_workers"
@@ -98,9 +101,8 @@ def test_rotation_segments_join_back(tmp_path: Path) -> None:
 def test_capture_bad_arguments_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["capture", "--workload", "nope", "-o", str(tmp_path / "x.json")]) == 2
     assert "--workload: unknown workload 'nope'" in capsys.readouterr().err
-    assert main(["capture", "--workload", "chat", "--connector", "mooncake", "-o",
-                 str(tmp_path / "x.json")]) == 2
-    assert "--connector" in capsys.readouterr().err
+    with pytest.raises(CaptureError, match="--connector: 'lmcache' is not supported"):
+        capture("chat", tmp_path / "x.json", connector="lmcache")
     assert main(["capture", "--workload", "two_workers", "-o", str(tmp_path / "x.json")]) == 2
     assert "pass --connector tailproof" in capsys.readouterr().err
 
@@ -113,3 +115,26 @@ def test_connector_capture_of_a_core_workload_replays(tmp_path: Path) -> None:
     assert "remove_skipped_blocks" not in res.unmodelled and res.ops >= 500
     result = run_trace(load_trace(out), ["reference", "impl"], strict=True)
     assert result.divergences == []
+
+
+def test_mooncake_store_connector_is_recorded_like_ours(tmp_path: Path) -> None:
+    # vLLM's own MooncakeStoreConnector (scheduler side, and each rank's sending thread over
+    # the embedded store) under the store_failures workload: its lookups, jobs, finishes,
+    # scripted refusals, reports and landed loads are recorded, and the op stream equals
+    # the one TailproofConnector produced for the same workload (the corpus capture).
+    out = tmp_path / "m.json"
+    res = capture("store_failures", out, geometry="fa16-m16-h4", redact=True,
+                  connector="mooncake")
+    assert res.unmodelled == {}
+    doc = json.loads(out.read_text())
+    assert doc["provenance"]["connector"] == "MooncakeStoreConnector"
+    assert "MooncakeStoreConnector" in doc["description"]
+    ours = json.loads((CASES_DIR / "cap_store_failures_fa16-m16-h4.json").read_text())
+    assert ours["provenance"]["connector"] == "TailproofConnector"
+    assert doc["config"] == ours["config"] and doc["ops"] == ours["ops"]
+    kinds = {op["op"] for op in doc["ops"]}
+    assert {"sched_lookup", "conn_step", "conn_finish", "worker_run", "worker_report",
+            "remote_kv_ready"} <= kinds
+    assert any(op["op"] == "allocate" and op.get("reserved") for op in doc["ops"])
+    script = {e for op in doc["ops"] if op["op"] == "worker_run" for e in op.get("store", [])}
+    assert script == {"full", "error", "raise"} | ({"ok"} & script)

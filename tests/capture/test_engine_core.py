@@ -81,7 +81,7 @@ def test_recorder_in_engine_core(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(out.read_text())
     assert doc["provenance"]["vllm"] == "0.33.0"
-    assert doc["provenance"]["recorder"] == "tailproof-recorder/1"
+    assert doc["provenance"]["recorder"] == "tailproof-recorder/2"
     assert doc["config"]["groups"][0]["kind"] == "full_attention"
     assert any(op["op"] == "lookup" and op["expect"]["hit"] > 0 for op in doc["ops"])
     from tailproof.conformance.replay import run_trace
