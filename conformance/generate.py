@@ -253,6 +253,14 @@ def lockstep_trace(draw: st.DrawFn, adapters: list[str], max_steps: int = 16,
     sizes = [b for _, b, _ in geometry[0]]
     if min(sizes) < max(sizes) and draw(st.booleans()):
         config["split_block_size"] = min(sizes)  # the engine's cache_config.block_size
+    if any(k == M for k, _, _ in geometry[0]):
+        # MambaSpec.num_speculative_blocks: one per speculative token, the same on every
+        # Mamba group (the drafts decode_with_drafts schedules run on any S).
+        spec_blocks = draw(st.sampled_from([0, 0, 0, 1, 2]))
+        if spec_blocks:
+            for g in config["groups"]:
+                if g["kind"] == M:
+                    g["num_speculative_blocks"] = spec_blocks
     run = Lockstep(config, adapters, strict, name="generated")
     script = _CoreScript(draw, run, geometry)
     for _ in range(draw(st.integers(1, max_steps))):

@@ -31,6 +31,8 @@ class GroupConfig:
     block_size: int
     eagle: bool = False
     sliding_window: int | None = None  # tokens, for a sliding_window group only
+    # MambaSpec.num_speculative_blocks: scratch state blocks past the running state.
+    num_speculative_blocks: int = 0
 
     @property
     def is_mamba(self) -> bool:
@@ -105,7 +107,7 @@ def _parse_config(doc: Any, source: str) -> TraceConfig:
         if not isinstance(g, dict):
             raise _err(source, where, "must be an object")
         extra = sorted(set(g) - {"kind", "block_size", "eagle", "mamba_cache_mode",
-                                 "sliding_window"})
+                                 "sliding_window", "num_speculative_blocks"})
         if extra:
             raise _err(source, f"{where}.{extra[0]}", "unknown group key")
         kind = g.get("kind")
@@ -131,7 +133,13 @@ def _parse_config(doc: Any, source: str) -> TraceConfig:
                            f"must be an int > 0 for a sliding_window group, got {window!r}")
         elif window is not None:
             raise _err(source, f"{where}.sliding_window", "only sliding_window groups have one")
-        groups.append(GroupConfig(kind, bs, eagle, window))
+        spec_blocks = g.get("num_speculative_blocks", 0)
+        if not _is_int(spec_blocks) or spec_blocks < 0:
+            raise _err(source, f"{where}.num_speculative_blocks",
+                       f"must be an int >= 0, got {spec_blocks!r}")
+        if spec_blocks and kind != "mamba_align":
+            raise _err(source, f"{where}.num_speculative_blocks", "only Mamba groups have them")
+        groups.append(GroupConfig(kind, bs, eagle, window, spec_blocks))
     h = doc.get("hash_block_size")
     if not _is_int(h) or h <= 0:
         raise _err(source, "config.hash_block_size", f"must be an int > 0, got {h!r}")

@@ -46,10 +46,12 @@ class Coordinator:
                 assert g.sliding_window is not None
                 m = SlidingWindowManager(g.block_size, self.block_pool, gid, geo.enable_caching,
                                          geo.scheduler_block_size, g.sliding_window)
+            elif g.kind == MAMBA_ALIGN:
+                m = MambaAlignManager(g.block_size, self.block_pool, gid, geo.enable_caching,
+                                      geo.scheduler_block_size, g.num_speculative_blocks)
             else:
-                cls = MambaAlignManager if g.kind == MAMBA_ALIGN else FullAttentionManager
-                m = cls(g.block_size, self.block_pool, gid, geo.enable_caching,
-                        geo.scheduler_block_size)
+                m = FullAttentionManager(g.block_size, self.block_pool, gid, geo.enable_caching,
+                                         geo.scheduler_block_size)
             m.use_eagle = geo.manager_use_eagle[gid]
             if geo.coordinator_kind == "hybrid":
                 m.cache_hit_alignment_tokens = geo.alignment

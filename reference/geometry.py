@@ -19,13 +19,15 @@ KINDS = (FULL_ATTENTION, SLIDING_WINDOW, MAMBA_ALIGN)
 
 @dataclass(frozen=True)
 class GroupSpec:
-    """One KV cache group (``KVCacheGroupSpec``): its manager kind, block size, EAGLE flag
-    and, for a sliding-window group, its window in tokens (``SlidingWindowSpec``)."""
+    """One KV cache group (``KVCacheGroupSpec``): its manager kind, block size, EAGLE flag,
+    for a sliding-window group its window in tokens (``SlidingWindowSpec``) and for a Mamba
+    group its speculative blocks (``MambaSpec.num_speculative_blocks``)."""
 
     kind: str
     block_size: int
     eagle: bool = False
     sliding_window: int | None = None
+    num_speculative_blocks: int = 0
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,8 @@ class Geometry:
                 raise ValueError(f"hash_block_size {h} must divide block size {g.block_size}")
             if (g.kind == SLIDING_WINDOW) != (g.sliding_window is not None):
                 raise ValueError("a window is given exactly for sliding-window groups")
+            if g.num_speculative_blocks and g.kind != MAMBA_ALIGN:
+                raise ValueError("only Mamba groups have speculative blocks")
         # resolve_kv_cache_block_sizes: lcm of the groups when hybrid, else the one block size.
         sbs = lcm_all(sizes) if len(sizes) > 1 else sizes[0]
         # get_kv_cache_coordinator: no caching -> NoPrefixCache; one group -> Unitary.
@@ -167,7 +171,8 @@ class Geometry:
         """Build from a ``TraceConfig`` (or anything with the same fields)."""
         groups = tuple(
             GroupSpec(g.kind, int(g.block_size), bool(getattr(g, "eagle", False)),
-                      getattr(g, "sliding_window", None))
+                      getattr(g, "sliding_window", None),
+                      int(getattr(g, "num_speculative_blocks", 0)))
             for g in config.groups
         )
         return cls(

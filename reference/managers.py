@@ -1,9 +1,9 @@
 """Per-group block tables: full attention, sliding window and Mamba "align" (mirrors
 ``v1/core/single_type_kv_cache_manager.py``).
 
-Out of scope and therefore absent: MTP's extra retained window tokens, DCP/PCP, speculative
-Mamba blocks (``num_speculative_blocks == 0``), internal prefill checkpoints, sparse retention
-(dense only), KV events, zeroing bookkeeping. Shared-prefix junctions are modelled (the
+Out of scope and therefore absent: MTP's extra retained window tokens, DCP/PCP, internal
+prefill checkpoints, sparse retention (dense only), KV events, zeroing bookkeeping. Modelled:
+speculative Mamba blocks (``MambaSpec.num_speculative_blocks``) and shared-prefix junctions (the
 Mamba state kept at the junction, ``MambaManager._cache_partial_tail_block``).
 """
 
@@ -433,7 +433,8 @@ class SlidingWindowManager(FullAttentionManager):
 
 class MambaAlignManager(FullAttentionManager):
     """``MambaManager`` with ``mamba_cache_mode == "align"``: entry i holds the state after
-    (i+1)*B tokens or, at the live tail, the running state; interior entries become null."""
+    (i+1)*B tokens or, at the live tail, the running state; interior entries become null.
+    With S speculative blocks the table ends in S scratch blocks past the running state."""
 
     kind = "mamba_align"
 
@@ -444,8 +445,11 @@ class MambaAlignManager(FullAttentionManager):
         group_id: int,
         enable_caching: bool,
         scheduler_block_size: int,
+        num_speculative_blocks: int = 0,
     ) -> None:
         super().__init__(block_size, pool, group_id, enable_caching, scheduler_block_size)
+        # MambaSpec.num_speculative_blocks (S): scratch states for drafts.
+        self.num_speculative_blocks = num_speculative_blocks
         # True when the coordinator's use_eagle is set (checkpoints follow EAGLE's drop).
         self.drop_eagle_checkpoint_block = False
         # SingleTypeKVCacheManager.shared_prefix_checkpoint: also key the state at the
@@ -515,13 +519,15 @@ class MambaAlignManager(FullAttentionManager):
         num_tokens_main_model: int,
     ) -> int:
         """mirrors MambaManager.get_num_blocks_to_allocate (align): same-step deferral, then at
-        most one running block plus one CoW target. Not clamped at 0 without a partial hit."""
+        most one running block plus one CoW target, plus the S speculative blocks before the
+        first allocation. Not clamped at 0 without a partial hit."""
         if (
             len(new_computed_blocks) > 0
             and new_computed_blocks[-1].block_hash in self.cached_blocks_this_step
         ):
             return self.block_pool.num_gpu_blocks + 1
-        num_required = cdiv(num_tokens_main_model, self.block_size)
+        num_spec = self.num_speculative_blocks
+        num_required = cdiv(num_tokens_main_model, self.block_size) + num_spec
         num_new = (
             num_required
             - len(new_computed_blocks)
@@ -533,9 +539,12 @@ class MambaAlignManager(FullAttentionManager):
         )
         if has_partial_hit:
             num_new = max(num_new, 0) + 1
-        # No internal checkpoint (num_prefill_checkpoint_blocks == 0), no speculative blocks.
+        # No internal checkpoint (num_prefill_checkpoint_blocks == 0).
         if num_new > 0:
-            num_new = min(num_new, 1 + int(has_partial_hit))
+            cap = 1 + int(has_partial_hit)
+            if request_id not in self._allocated_block_reqs:
+                cap += num_spec
+            num_new = min(num_new, cap)
         num_evictable = sum(1 for b in new_computed_blocks if b.ref_cnt == 0 and not b.is_null)
         return num_new + num_evictable
 
@@ -545,9 +554,12 @@ class MambaAlignManager(FullAttentionManager):
         """mirrors MambaManager.allocate_new_blocks (align). A pending partial hit takes the first
         new block as CoW target: first allocation -> ``_apply_cow``; running request -> the
         request keeps ``source`` and the keys move to the target (running CoW), which is handed
-        off if the request is the producer of that tail."""
+        off if the request is the producer of that tail. With S speculative blocks the table
+        ends in S scratch blocks; those the new running position passes are moved to the end
+        (``_relocate_speculative_block``) behind null entries instead of being reallocated."""
         req_blocks = self.req_to_blocks.setdefault(request_id, [])
-        num_required = cdiv(num_tokens_main_model, self.block_size)
+        num_spec = self.num_speculative_blocks
+        num_required = cdiv(num_tokens_main_model, self.block_size) + num_spec
         partial_hit = self._partial_hit_reqs.get(request_id)
         if num_required <= len(req_blocks) and partial_hit is None:
             # PR #51766: mark allocated even without a new block.
@@ -555,16 +567,23 @@ class MambaAlignManager(FullAttentionManager):
             return []
         prev_len = len(req_blocks)
         blocks_allocated = request_id in self._allocated_block_reqs
-        if blocks_allocated or prev_len > 0:
-            # Running: the running state is the last entry; new hit: the hit state.
+        if blocks_allocated:
+            # Running: the running state sits just before the S scratch blocks.
+            self.last_state_block_idx[request_id] = prev_len - 1 - num_spec
+        elif prev_len > 0:
+            # A new request's hit: the last entry holds the hit state.
             self.last_state_block_idx[request_id] = prev_len - 1
-        num_skipped_blocks = num_required - 1
+        num_skipped_blocks = num_required - num_spec - 1
         if prev_len < num_skipped_blocks:
             req_blocks.extend([self._null_block] * (num_skipped_blocks - prev_len))
+        if blocks_allocated:
+            # Scratch blocks now behind the running position move to the end.
+            for block_idx in range(prev_len - num_spec, min(prev_len, num_skipped_blocks)):
+                self._relocate_speculative_block(req_blocks, block_idx)
         num_new = max(num_required - len(req_blocks), 0)
         if partial_hit is not None:
             num_new += 1
-        assert num_new <= 1 + int(partial_hit is not None)
+        assert num_new <= 1 + int(partial_hit is not None) + (0 if blocks_allocated else num_spec)
         new_blocks = self.block_pool.get_new_blocks(num_new)
         returned = req_blocks[prev_len:]
         if partial_hit is not None:
@@ -594,6 +613,15 @@ class MambaAlignManager(FullAttentionManager):
         self._partial_hit_reqs.pop(request_id, None)
         returned.extend(new_blocks)
         return returned
+
+    def _relocate_speculative_block(self, req_blocks: list[Block], block_idx: int) -> None:
+        """mirrors MambaManager._relocate_speculative_block: the scratch block (private,
+        unkeyed) moves to the end of the table; its old entry becomes null."""
+        block = req_blocks[block_idx]
+        assert not block.is_null and block.ref_cnt == 1 and block.block_hash is None, (
+            "speculative Mamba blocks must be exclusively owned and unhashed before relocation")
+        req_blocks.append(block)
+        req_blocks[block_idx] = self._null_block
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """mirrors MambaManager.cache_blocks: full states, the prompt tail at ck(P), and a

@@ -60,7 +60,8 @@ class VllmCoreBackend:
             if g.is_mamba:
                 spec = v.MambaSpec(block_size=g.block_size, shapes=((1,), (1,)),
                                    dtypes=(v.torch.float32, v.torch.float32),
-                                   mamba_cache_mode="align")
+                                   mamba_cache_mode="align",
+                                   num_speculative_blocks=g.num_speculative_blocks)
             elif g.kind == "sliding_window":
                 spec = v.SlidingWindowSpec(block_size=g.block_size, num_kv_heads=1,
                                            head_size=1, dtype=v.torch.float32,

@@ -78,6 +78,8 @@ def config_from_scheduler(scheduler: Any) -> dict[str, Any]:
                     f"kv_cache_groups[{i}]: Mamba mode {spec.mamba_cache_mode!r}; the trace "
                     "format models align mode only (vLLM 0.33: --enable-prefix-caching)")
             doc: dict[str, Any] = {"kind": "mamba_align", "block_size": spec.block_size}
+            if spec.num_speculative_blocks:
+                doc["num_speculative_blocks"] = spec.num_speculative_blocks
         elif isinstance(spec, FullAttentionSpec):
             doc = {"kind": "full_attention", "block_size": spec.block_size}
         else:

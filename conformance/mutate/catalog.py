@@ -274,7 +274,13 @@ MUTANTS: list[Mutant] = [
     _m("m-last-state-idx-off-by-one", ST, "MambaManager.allocate_new_blocks",
        "prev_block_len - 1 - self.num_speculative_blocks",
        "prev_block_len - self.num_speculative_blocks",
-       "the previous running state is recorded one slot too far (frees the wrong block)"),
+       "the previous running state is recorded one slot too far (frees the wrong block)",
+       equivalent="without prefill checkpoint blocks the entry at prev_block_len - S is, after "
+                  "the allocation, null (a passed scratch block, relocated) or the new running "
+                  "state, which the processed tokens cannot pass before the next allocation "
+                  "resets the index; and super().remove_skipped_blocks frees every non-null "
+                  "entry below cdiv(processed, B) - 1, the correct index's included, in the "
+                  "same call (S = 0..3 checked on generated traces)"),
     _m("m-prev-state-freed-early", ST, "MambaManager.remove_skipped_blocks",
        "< cdiv(processed_computed_tokens, self.block_size) - 1",
        "<= cdiv(processed_computed_tokens, self.block_size) - 1",

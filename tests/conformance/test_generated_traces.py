@@ -49,7 +49,7 @@ def test_reference_matches_vllm_with_junction_checkpoint(data: st.DataObject) ->
 
 def test_generated_traces_cover_every_core_op(capsys: pytest.CaptureFixture[str]) -> None:
     """The core generator's fixed budget reaches every core op and the new fields (drafts,
-    rollback); the coverage count is printed."""
+    rollback, Mamba speculative blocks); the coverage count is printed."""
     from collections import Counter
 
     from hypothesis import Phase
@@ -70,6 +70,8 @@ def test_generated_traces_cover_every_core_op(capsys: pytest.CaptureFixture[str]
         coverage.update("allocate.delay_cache" for o in run.ops if o.get("delay_cache"))
         coverage.update("groups.sliding_window" for g in run.config_doc["groups"]
                         if "sliding_window" in g)
+        coverage.update("groups.num_speculative_blocks" for g in run.config_doc["groups"]
+                        if g.get("num_speculative_blocks"))
 
     draw()
     with capsys.disabled():
@@ -78,4 +80,4 @@ def test_generated_traces_cover_every_core_op(capsys: pytest.CaptureFixture[str]
     # set_in_flight, truncate, reset and table are written by cases, not the generator
     wanted = set(CORE_OPS) - {"set_in_flight", "truncate", "reset", "table"}
     assert wanted | {"plan_chunk.drafts", "rollback.rejected", "allocate.delay_cache",
-                     "groups.sliding_window"} <= set(coverage)
+                     "groups.sliding_window", "groups.num_speculative_blocks"} <= set(coverage)

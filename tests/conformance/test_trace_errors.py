@@ -52,6 +52,13 @@ CASES = {
                             "config.groups[0].sliding_window", "int > 0"),
     "window_on_full_attention": (lambda d: d["config"]["groups"][0].update(sliding_window=8),
                                  "config.groups[0].sliding_window", "only sliding_window"),
+    "spec_blocks_negative": (lambda d: d["config"]["groups"][1].update(
+        num_speculative_blocks=-1), "config.groups[1].num_speculative_blocks", "int >= 0"),
+    "spec_blocks_not_int": (lambda d: d["config"]["groups"][1].update(
+        num_speculative_blocks=True), "config.groups[1].num_speculative_blocks", "int >= 0"),
+    "spec_blocks_on_attention": (lambda d: d["config"]["groups"][0].update(
+        num_speculative_blocks=1), "config.groups[0].num_speculative_blocks",
+        "only Mamba groups"),
     "unitary_finer_hash": (lambda d: d["config"].update(
         groups=[{"kind": "full_attention", "block_size": 8}]), "config.hash_block_size",
         "one group"),

@@ -614,6 +614,43 @@ def junction_state_stored() -> Case:
     return c
 
 
+def spec_blocks_store_round_trip() -> Case:
+    doc = config([(FA, 8, False), (M, 8, False)], 4, num_blocks=40, role="both")
+    doc["groups"][1]["num_speculative_blocks"] = 2
+    doc["max_num_scheduled_tokens"] = 16
+    c = case("conn_spec_blocks_store_round_trip",
+             "Mamba speculative blocks on the store path (S = 2; FA8+M8, h 4, chunks of at "
+             "most 16 tokens). A 38-token prompt: its first chunk allocates the running state "
+             "and two scratch blocks; the second passes two blocks, so one scratch block is "
+             "moved behind a null entry (MambaManager._relocate_speculative_block) and later "
+             "holds the state at ck(38) = 36. Only keyed states are handed off (16 and 32 "
+             "aligned; the producer's tail at 36 at finish, from the relocated table block), "
+             "never a scratch block: the store's Mamba values come from hand-offs alone "
+             "(MooncakeStoreCoordinator.store_mask masks Mamba out of positional saves). With "
+             "A's local keys evicted, B (same prefix) loads 32 tokens from the store into its "
+             "external block and allocates its running state plus S scratch blocks.", doc)
+    c.add("A", [rng(0, 38)])
+    c.step(admit=("A",))
+    c.step(run=("A",))
+    c.op("table", rid="A")
+    c.step(run=("A",))
+    c.op("table", rid="A")
+    c.op("worker_run")
+    c.op("worker_report")
+    c.op("store_keys")
+    c.steps.finish("A")
+    c.step(finished=("A",))
+    c.op("evict", keys=[[0, 8], [1, 16], [1, 32], [1, 36]])
+    c.add("B", [of("A", 38), rng(100, 104)])
+    c.step(admit=("B",))
+    c.op("table", rid="B")
+    c.op("snapshot")
+    c.op("worker_run")
+    c.op("worker_report")
+    c.op("snapshot")
+    return c
+
+
 def window_config(groups: list[tuple[str, int, bool]], h: int, num_blocks: int = 64,
                   use_eagle: bool = False) -> dict[str, Any]:
     """``config`` where each ``sliding_window`` group gets a window of block + 1 tokens (a hit
@@ -730,7 +767,7 @@ ALL: list[Callable[[], Case]] = [
     lookup_clipped_by_missing_group, sub_block_prompt_lookup, eagle_tail_puts_proof_margin,
     pins_block_reset, tracker_save_boundaries, consumer_claims_nothing,
     aligned_prompt_two_handoffs, multi_mamba_groups, cow_target_not_reused,
-    external_mamba_admission_undercount, *WINDOW,
+    external_mamba_admission_undercount, spec_blocks_store_round_trip, *WINDOW,
 ]
 
 

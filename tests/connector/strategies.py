@@ -160,9 +160,11 @@ class _ConnectorScript:
 
 @st.composite
 def connector_trace(draw: st.DrawFn, geometries: list[Geometry] | None = None,
-                    max_steps: int = 12) -> Run:
+                    max_steps: int = 12, spec_blocks: bool = False) -> Run:
     """Draw and run one connector trace on one of ``geometries`` (default ``GEOMETRIES``);
-    raises ConnectorDivergence on disagreement."""
+    raises ConnectorDivergence on disagreement. With ``spec_blocks`` the Mamba groups sometimes
+    get speculative blocks; off, the draws are the ones ``tailproof mutate``'s fixed budget was
+    scored with (an extra draw reshuffles them)."""
     geometry = draw(st.sampled_from(geometries or GEOMETRIES))
     workers = draw(st.sampled_from([1, 1, 2]))
     connector = {"role": draw(st.sampled_from(["producer", "producer", "both", "consumer"])),
@@ -170,6 +172,12 @@ def connector_trace(draw: st.DrawFn, geometries: list[Geometry] | None = None,
                  "enable_lookup": draw(st.sampled_from([True, True, True, False]))}
     config = geometry_config(geometry, draw(st.sampled_from([10, 16, 24, 40])),
                              connector=connector)
+    # MambaSpec.num_speculative_blocks on every Mamba group: scratch blocks are never keyed,
+    # so the store sees them only through foreign offers.
+    num_spec = draw(st.sampled_from([0, 0, 0, 1, 2])) if spec_blocks else 0
+    for g in config["groups"]:
+        if num_spec and g["kind"] == M:
+            g["num_speculative_blocks"] = num_spec
     run = Run(config, ADAPTERS, name="connector-property")
     script = _ConnectorScript(draw, run, geometry, workers)
     for _ in range(draw(st.integers(1, max_steps))):

@@ -45,12 +45,14 @@ def _check(examples: int, name: str, geometries: list[Any] | None = None) -> lis
 
     @settings(max_examples=examples, deadline=None, database=None,
               suppress_health_check=list(HealthCheck))
-    @given(connector_trace(geometries))
+    @given(connector_trace(geometries, spec_blocks=True))
     def run(r: Run) -> None:
         seen[0] += 1
         seen[1] += len(r.ops)
         coverage.update(op["op"] for op in r.ops)
         coverage.update("conn_step.offer" for op in r.ops if op.get("offer"))
+        coverage.update("groups.num_speculative_blocks" for g in r.config_doc["groups"]
+                        if g.get("num_speculative_blocks"))
         # I14 liveness: once every worker ran its queue and reported, no job holds a pin, and
         # every block still referenced is referenced by a request table (snapshot refcounts
         # are then exactly the tables' multiplicities, checked by the core's own tests).
@@ -63,7 +65,8 @@ def _check(examples: int, name: str, geometries: list[Any] | None = None) -> lis
               + ", ".join(f"{k}={v}" for k, v in sorted(coverage.items())))
         missing = sorted(set(CONNECTOR_OPS) - set(coverage) - {"store_seed", "store_remove",
                                                                "store_keys"})
-        assert examples < 100 or (not missing and coverage["conn_step.offer"]), missing
+        assert examples < 100 or (not missing and coverage["conn_step.offer"]
+                                  and coverage["groups.num_speculative_blocks"]), missing
     except ConnectorDivergence as e:
         path = write_case(e.doc, FAILURES / f"{name}.json")
         raise AssertionError(f"{e}\nminimal trace ({len(e.doc['ops'])} ops): {path}") from None

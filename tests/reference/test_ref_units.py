@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from tailproof.reference.block_pool import BlockPool, FreeBlockQueue
+from tailproof.reference.block_pool import Block, BlockPool, FreeBlockQueue
 from tailproof.reference.geometry import Geometry, GroupSpec
 from tailproof.reference.hashing import extend_block_hashes, hash_block_tokens
 from tailproof.reference.kv_manager import KVCacheManager
+from tailproof.reference.managers import MambaAlignManager
 from tailproof.reference.request import Request
 from tailproof.reference.scheduler_split import mamba_block_aligned_split, plan_chunk
 
@@ -219,3 +220,61 @@ def test_truncate_is_pure_and_checks_alignment() -> None:
         m.truncate_computed_blocks(blocks, 6)  # not a Mamba block multiple
     with pytest.raises(AssertionError):
         m.truncate_computed_blocks([[b1], [null, b3]], 4)  # FA too short
+
+
+# --- Mamba speculative blocks (MambaSpec.num_speculative_blocks) -----------------------
+
+def _spec_manager(num_spec: int) -> tuple[BlockPool, MambaAlignManager]:
+    pool = BlockPool(16, True, 4)
+    return pool, MambaAlignManager(8, pool, 1, True, 8, num_speculative_blocks=num_spec)
+
+
+def _ids(blocks: list[Block]) -> list[int]:
+    return [b.block_id for b in blocks]
+
+
+def test_spec_blocks_first_allocation_is_capped_at_one_plus_s() -> None:
+    """MambaManager.get_num_blocks_to_allocate: cdiv(n, B) + S blocks are required, and a
+    request's first allocation is capped at 1 + S (the skipped states become null)."""
+    _, m = _spec_manager(2)
+    assert m.get_num_blocks_to_allocate("a", 16, [], 0, 0, 16) == 3
+    new = m.allocate_new_blocks("a", 16, 16)
+    # null (the skipped state), the running state, 2 scratch blocks; all reported as new
+    assert _ids(m.req_to_blocks["a"]) == _ids(new) == [0, 1, 2, 3]
+    # Running: one new block at most, whatever the chunk passes.
+    assert m.get_num_blocks_to_allocate("a", 40, [], 16, 16, 40) == 1
+
+
+def test_spec_blocks_passed_by_a_chunk_move_behind_nulls() -> None:
+    """MambaManager.allocate_new_blocks: the running state before the chunk is recorded at
+    len - 1 - S; the scratch blocks the chunk passes move to the end of the table
+    (_relocate_speculative_block) and their entries become null."""
+    pool, m = _spec_manager(2)
+    m.allocate_new_blocks("a", 16, 16)
+    null, running, s1, s2 = m.req_to_blocks["a"]
+    new = m.allocate_new_blocks("a", 32, 32)
+    assert m.last_state_block_idx["a"] == 1  # prev_len 4 - 1 - S
+    # s1 is passed: moved to the end (reported again), s2 holds the running state at 32.
+    assert new[0] is s1 and len(new) == 2 and new[1].ref_cnt == 1
+    assert m.req_to_blocks["a"] == [null, running, pool.null_block, s2, *new]
+    # The previous running state is freed once the computed tokens pass it.
+    m.remove_skipped_blocks("a", 32)
+    assert m.req_to_blocks["a"][1] is pool.null_block and running.ref_cnt == 0
+    # A one-block step moves nothing: the first scratch block holds the running state.
+    new2 = m.allocate_new_blocks("a", 40, 40)
+    assert len(new2) == 1 and m.req_to_blocks["a"][4:] == [*new, *new2]
+    assert m.last_state_block_idx["a"] == 3
+
+
+def test_spec_block_relocation_needs_a_private_unkeyed_block() -> None:
+    _, m = _spec_manager(1)
+    m.allocate_new_blocks("a", 8, 8)
+    m.req_to_blocks["a"][1].ref_cnt += 1  # shared: no longer the request's scratch block
+    with pytest.raises(AssertionError, match="exclusively owned"):
+        m.allocate_new_blocks("a", 24, 24)
+
+
+def test_spec_blocks_only_on_mamba_groups() -> None:
+    with pytest.raises(ValueError, match="only Mamba groups"):
+        Geometry(groups=(GroupSpec(FA, 8, num_speculative_blocks=1),), hash_block_size=8,
+                 num_blocks=8)
