@@ -105,6 +105,9 @@ def test_capture_bad_arguments_exit_2(tmp_path: Path, capsys: pytest.CaptureFixt
         capture("chat", tmp_path / "x.json", connector="lmcache")
     assert main(["capture", "--workload", "two_workers", "-o", str(tmp_path / "x.json")]) == 2
     assert "pass --connector tailproof" in capsys.readouterr().err
+    assert main(["capture", "--workload", "resend", "--connector", "mooncake",
+                 "-o", str(tmp_path / "x.json")]) == 2
+    assert "runs without a connector only" in capsys.readouterr().err
 
 
 def test_connector_capture_of_a_core_workload_replays(tmp_path: Path) -> None:
