@@ -168,3 +168,52 @@ def partial_tail_puts(
             if table[idx] != NULL_BLOCK_ID:
                 puts.append((g, table[idx], min((idx + 1) * bs, proof_end)))
     return puts
+
+
+# --------------------------------------------------------------------------- turn-end checkpoints
+# The reuse extension (docs/reuse.md), not vLLM 0.33: written once here for the reference
+# connector model and ``impl.scheduler_side``, like ``partial_tail_puts``.
+
+
+def snapshot_due(num_tokens: Num, num_prompt_tokens: Num, h: Num, drop_eagle: Num) -> Num:
+    """Whether a step that leaves a request with ``num_tokens`` computed (real) tokens ends on a
+    hash boundary past the prompt's own checkpoint ck(P) (which vLLM 0.33 already stores): the
+    running Mamba state then equals the state of the prefix ``num_tokens`` long."""
+    ck = checkpoint_position(num_prompt_tokens, h, drop_eagle)
+    if _is_symbolic(num_tokens, num_prompt_tokens, h, drop_eagle):
+        import z3
+
+        return z3.And(num_tokens % h == 0, num_tokens > ck)
+    return num_tokens % h == 0 and num_tokens > ck
+
+
+def running_state_index(num_tokens: Num, mamba_block_size: Num) -> Num:
+    """Table index of the Mamba ``align`` block holding the state after ``num_tokens`` tokens
+    (``MambaManager``: entry i holds the state after (i+1)*B tokens, or the running state)."""
+    return cdiv(num_tokens, mamba_block_size) - 1
+
+
+def turn_end_attention_puts(
+    *, boundary: int, saved_tokens: int, completed_token_len: int, num_hashes: int,
+    block_ids: tuple[list[int], ...], block_sizes: tuple[int, ...], is_mamba: tuple[bool, ...],
+    eagle_margins: tuple[int, ...], hash_block_size: int,
+) -> list[tuple[int, int, int]]:
+    """Attention blocks a turn-end checkpoint at ``boundary`` publishes, as ``(group, block id,
+    num_tokens)``: per non-Mamba group, every block from the last normal save
+    (``saved_tokens``, lcm-floored) up to ``boundary`` plus the group's EAGLE proof margin, keyed
+    at its end clipped to that proof end (the keys a normal save or a prompt tail would use);
+    null blocks are skipped and a group whose proof end is not computed or hashed is omitted
+    (the lookup then stops below ``boundary``: a miss, never wrong bytes)."""
+    h = hash_block_size
+    puts: list[tuple[int, int, int]] = []
+    for g, bs in enumerate(block_sizes):
+        if is_mamba[g]:
+            continue
+        proof_end = boundary + eagle_margins[g]
+        if proof_end > completed_token_len or proof_end // h > num_hashes:
+            continue
+        table = block_ids[g]
+        for idx in range(saved_tokens // bs, min(cdiv(proof_end, bs), len(table))):
+            if table[idx] != NULL_BLOCK_ID:
+                puts.append((g, table[idx], min((idx + 1) * bs, proof_end)))
+    return puts
