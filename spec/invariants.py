@@ -19,13 +19,15 @@ Result = str | None
 
 def holders(s: State) -> list[int]:
     """Holder count of every block: table entries (all groups, unfinished requests), CoW
-    retentions (undrained copies and drained-unreleased handles, deferred request frees) and
-    pins of unreleased store jobs."""
+    retentions (undrained copies and drained-unreleased handles, deferred request frees),
+    pins of unreleased store jobs and the connector's turn-end snapshot blocks."""
     cnt = [0] * s.cfg.num_blocks
     for r in s.reqs:
         if r.status != "finished":
             for b in r.fa + r.mamba:
                 cnt[b] += 1
+        if r.slot is not None:
+            cnt[r.slot[0]] += 1
     for _, src, dst in s.pending_copies:
         cnt[src] += 1
         cnt[dst] += 1
@@ -189,12 +191,13 @@ def i11_tail_registration(s: State) -> Result:
 
 def i12_handoff_validity(s: State) -> Result:
     """I12: an undrained hand-off belongs to a live request and names a non-null block for its
-    h-aligned boundary within the prompt: the table entry for an aligned snapshot, an off-table CoW
-    target for a sub-block tail. Rules out pinning/putting a freed or overwritten block."""
+    h-aligned boundary within its tokens: the table entry for an aligned snapshot, an off-table CoW
+    target for a sub-block tail (decode-time boundaries are handed off too; the connector drops
+    them). Rules out pinning/putting a freed or overwritten block."""
     c = s.cfg
     for rid, g, b, n in s.offloads:
         r = s.reqs[rid]
-        if r.status != "running" or b == NULL or n % c.h or n > len(r.prompt):
+        if r.status != "running" or b == NULL or n % c.h or n > len(c.seq(rid)):
             return f"hand-off r{rid} {g}/{b}@{n} of a {r.status} request"
         if n % c.bs_mamba == 0 and r.mamba[n // c.bs_mamba - 1] != b:
             return f"hand-off r{rid} snapshot {b} is not table entry {n // c.bs_mamba - 1}"
@@ -242,6 +245,24 @@ def i19_reset_only_when_free(s: State) -> Result:
     return None
 
 
+def i22_snapshot_content(s: State) -> Result:
+    """I22 (turn-end extension, docs/reuse.md): between steps, a request's snapshot block holds
+    exactly the Mamba state of the prefix its boundary names, and no request table holds it, so
+    the flush at finish puts the bytes its key promises (with I17: no stale checkpoint read)."""
+    if s.phase != "idle":
+        return None
+    tables = {b for r in s.reqs if r.status != "finished" for b in r.fa + r.mamba}
+    for rid, r in enumerate(s.reqs):
+        if r.slot is None:
+            continue
+        slot, n = r.slot
+        if slot == NULL or slot in tables:
+            return f"r{rid}: snapshot block {slot} is null or in a table"
+        if s.content[slot] != (MAMBA, s.cfg.seq(rid)[:n]):
+            return f"r{rid}: snapshot block {slot} at {n} holds {s.content[slot]}"
+    return None
+
+
 ALL: list[tuple[str, Callable[[State], Result]]] = [
     ("I1", i1_refcount_equals_holders),
     ("I2", i2_free_iff_unreferenced),
@@ -258,6 +279,7 @@ ALL: list[tuple[str, Callable[[State], Result]]] = [
     ("I17", i17_fail_closed),
     ("I18", i18_pressure_gate),
     ("I19", i19_reset_only_when_free),
+    ("I22", i22_snapshot_content),
 ]
 
 

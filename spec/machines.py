@@ -32,13 +32,17 @@ class SpecMachine(RuleBasedStateMachine):
     @initialize(geo=st.sampled_from(GEOMETRIES),
                 lens=st.lists(st.integers(2, 7), min_size=1, max_size=3),
                 blocks=st.integers(5, 12), workers=st.integers(1, 2),
-                defer=st.booleans(), eagle=st.booleans())
+                defer=st.booleans(), eagle=st.booleans(),
+                decode=st.lists(st.integers(0, 5), max_size=3), turn_end=st.booleans())
     def setup(self, geo: tuple[int, int, int], lens: list[int], blocks: int, workers: int,
-              defer: bool, eagle: bool) -> None:
+              defer: bool, eagle: bool, decode: list[int], turn_end: bool) -> None:
         h, bf, bm = geo
+        # Responses continue BASE, so a later prompt may be an earlier prompt + its response.
+        responses = tuple(BASE[n:n + k] for n, k in zip(lens, decode, strict=False))
         cfg = Config(h=h, bs_fa=bf, bs_mamba=bm, num_blocks=blocks,
                      prompts=tuple(BASE[:n] for n in lens), workers=workers,
-                     defer_block_free=defer, use_eagle=eagle)
+                     defer_block_free=defer, use_eagle=eagle, responses=responses,
+                     turn_end=turn_end)
         note(f"config: {cfg}")
         self.s = initial(cfg)
 

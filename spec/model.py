@@ -27,7 +27,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .arithmetic import cdiv, clip_joint_hit, fine_grained, round_down, tail_put_range
+from .arithmetic import (
+    cdiv,
+    clip_joint_hit,
+    fine_grained,
+    round_down,
+    snapshot_due,
+    tail_put_range,
+)
 from .records import FA, MAMBA, NULL, Config, Hit, Job, Key, Put, Req, ck_int
 
 __all__ = ["FA", "MAMBA", "NULL", "Config", "Hit", "Job", "Key", "NoBlocks", "Put", "Req",
@@ -64,6 +71,8 @@ class State:
         self.fresh: set[Key] = set()  # keys whose bytes arrive with the unexecuted step
         self.scheduled: dict[int, int] = {}  # rid -> chunk start, this step
         self.copies: list[tuple[int, int, int]] = []  # drained copies of the unexecuted step
+        # turn-end snapshots of the unexecuted step: (rid, running block, slot block, boundary)
+        self.snapshots: list[tuple[int, int, int, int]] = []
         self.violations: tuple[str, ...] = ()  # ghost reads that saw the wrong bytes, etc.
         self.last_hit: Hit | None = None
         self.last_reset: tuple[bool, bool] | None = None  # (succeeded, all blocks were free)
@@ -77,6 +86,7 @@ class State:
         s.reqs = [r.clone() for r in self.reqs]
         s.pending_copies, s.retained = list(self.pending_copies), list(self.retained)
         s.offloads, s.copies = list(self.offloads), list(self.copies)
+        s.snapshots = list(self.snapshots)
         s.this_step, s.fresh = set(self.this_step), set(self.fresh)
         s.scheduled = dict(self.scheduled)
         s.last_hit, s.last_reset = None, None
@@ -91,14 +101,14 @@ class State:
         return (
             tuple(self.ref), tuple(self.fq), tuple(sorted(self.keys.items())),
             tuple(self.content),
-            tuple((r.status, r.computed, tuple(r.fa), tuple(r.mamba), r.marker, r.stops, r.epoch)
-                  for r in self.reqs),
+            tuple((r.status, r.computed, tuple(r.fa), tuple(r.mamba), r.marker, r.stops, r.epoch,
+                   r.slot) for r in self.reqs),
             tuple(self.pending_copies),
             tuple((self.executed - f, i, k) for f, i, k in self.retained),
             tuple(self.offloads), tuple(jobs), tuple(sorted(self.store.items())), self.pressure,
             self.skip, self.phase, self.step - self.executed, tuple(sorted(self.this_step)),
             tuple(sorted(self.fresh)), tuple(sorted(self.scheduled.items())), tuple(self.copies),
-            self.violations,
+            tuple(self.snapshots), self.violations,
         )
 
     def bad(self, msg: str) -> None:
@@ -257,6 +267,8 @@ class State:
         """``Scheduler._mamba_block_aligned_split``: stop at the next lcm boundary, at ck(P)
         when the chunk crosses it, and at the prompt end."""
         c, p = self.cfg, len(self.reqs[rid].prompt)
+        if start >= p:  # decode: one token per step
+            return start + 1
         stop = min(round_down(start, c.lcm) + c.lcm, p)
         ck = self.ck(p)
         if start < ck < stop:
@@ -279,7 +291,7 @@ class State:
             for i, r in enumerate(self.reqs):
                 if i in self.scheduled or r.status == "finished":
                     continue
-                if r.status == "waiting" or r.computed < len(r.prompt):
+                if r.status == "waiting" or r.computed < len(c.seq(i)):
                     acts.append(("schedule", i))
             # FCFS preempts the running queue's tail (not yet scheduled this step); the PRIORITY
             # policy may preempt a request whose chunk was already scheduled (Scheduler.schedule,
@@ -393,17 +405,17 @@ class State:
         c, r = self.cfg, self.reqs[rid]
         r.computed, r.stops = e, r.stops + (e,)
         self.scheduled[rid] = s
-        p = r.prompt
+        p, n_prompt = c.seq(rid), len(r.prompt)
         for i in range(e // c.bs_fa):  # FA full blocks
             self.register((FA, p[: (i + 1) * c.bs_fa]), r.fa[i], False)
-        b = round_down(len(p) if c.use_eagle else len(p) - 1, c.h)  # FA partial tail
+        b = round_down(n_prompt if c.use_eagle else n_prompt - 1, c.h)  # FA partial tail
         if 0 < b <= e and b % c.bs_fa:
             self.register((FA, p[:b]), r.fa[b // c.bs_fa], False)
         run = r.mamba[-1]
         if e % c.bs_mamba == 0:  # aligned snapshot: registered and handed off
             if self.register((MAMBA, p[:e]), run, True):
                 self.offloads.append((rid, MAMBA, run, e))
-        elif e == self.ck(len(p)) and e % c.h == 0:  # sub-block producer tail
+        elif e == self.ck(n_prompt) and e % c.h == 0:  # sub-block producer tail
             if self.register((MAMBA, p[:e]), run, True):
                 r.marker = (run, e)
 
@@ -414,6 +426,7 @@ class State:
         self.scheduled[rid] = 0  # dropped from this step's batch, not rescheduled in it
         self.drop_handoffs(rid)
         self.free_blocks(self.pop_tables(r))
+        self.release_slot(r)
         r.status, r.computed, r.marker, r.stops, r.epoch = "waiting", 0, None, (), r.epoch + 1
 
     def do_end_schedule(self) -> None:
@@ -427,7 +440,67 @@ class State:
             self.release_copies(ids)
         for rid, g, b, n in offloads:
             self._hand_off(rid, g, b, n, self.step)
+        if self.cfg.turn_end:
+            for rid in sorted(self.scheduled):
+                self._snapshot(rid)
         self.phase = "exec"
+
+    # ----------------------------------------------------------------- turn-end extension
+    def _snapshot(self, rid: int) -> None:
+        """docs/reuse.md rule 1: a step ending on a hash boundary past ck(P) copies the running
+        state into the request's snapshot block (taken from the pool the first time, if one is
+        free), after the step's forward."""
+        c, r = self.cfg, self.reqs[rid]
+        e = r.computed
+        if r.status != "running" or e == self.scheduled[rid] or not r.mamba:
+            return
+        if not snapshot_due(e, len(r.prompt), c.h, c.use_eagle) or r.mamba[-1] == NULL:
+            return
+        if r.slot is None:
+            if not self.fq:
+                return  # no free block: no checkpoint (a later miss, never wrong bytes)
+            r.slot = (self.get_new_blocks(1)[0], e)
+        slot = r.slot[0]
+        r.slot = (slot, e)
+        self.snapshots.append((rid, r.mamba[-1], slot, e))
+
+    def due_snapshots(self) -> list[tuple[int, int, int, int]]:
+        """The snapshot copies this execution runs: the step's own (``wait_for_save`` follows
+        the forward)."""
+        out, self.snapshots = self.snapshots, []
+        return out
+
+    def release_slot(self, r: Req) -> None:
+        """The connector drops its reference on a request's snapshot block."""
+        if r.slot is not None:
+            self.free_blocks([r.slot[0]])
+            r.slot = None
+
+    def turn_end_puts(self, rid: int, slot: int, b: int) -> list[Put]:
+        """docs/reuse.md rule 3: the slot keyed at its boundary, plus the attention blocks up to
+        it (the spec does not model normal saves, so every FA block below ``b``)."""
+        c, r = self.cfg, self.reqs[rid]
+        p = c.seq(rid)
+        puts: list[Put] = [(FA, p[: min((i + 1) * c.bs_fa, b)], r.fa[i])
+                           for i in range(min(cdiv(b, c.bs_fa), len(r.fa))) if r.fa[i] != NULL]
+        return puts + [(MAMBA, p[:b], slot)]
+
+    def _flush(self, rid: int) -> None:
+        """docs/reuse.md rule 3 at finish, before the tables are freed: pin the job's blocks,
+        then drop the connector's own reference on the slot."""
+        r = self.reqs[rid]
+        if r.slot is None:
+            return
+        slot, b = r.slot
+        if b > r.computed:
+            self.release_slot(r)
+            return
+        puts = self.turn_end_puts(rid, slot, b)
+        ids = self.job_blocks(r, puts, b)
+        self.pin(ids)
+        self.release_slot(r)
+        self.jobs[self.next_job] = Job(rid, r.epoch, tuple(ids), tuple(puts), self.executed)
+        self.next_job += 1
 
     def _hand_off(self, rid: int, g: int, b: int, n: int, fence: int) -> None:
         """``_handle_boundary_state_offloads`` + ``_reference_save_blocks``: accept a hand-off of
@@ -460,7 +533,7 @@ class State:
             e = r.computed
             if r.status != "running" or e == s or not r.mamba:
                 continue
-            p = r.prompt
+            p = c.seq(rid)
             if s:  # Mamba reads the state at s: the running block or the previous snapshot
                 prev = r.mamba[-2] if s % c.bs_mamba == 0 else r.mamba[-1]
                 if self.content[prev] != (MAMBA, p[:s]):
@@ -470,10 +543,14 @@ class State:
             writes.append((r.mamba[-1], (MAMBA, p[:e])))
         for b, v in writes:
             self.content[b] = v
+        for rid, src, slot, n in self.due_snapshots():  # wait_for_save, after the forward
+            if self.content[src] != (MAMBA, c.seq(rid)[:n]):
+                self.bad(f"snapshot read r{rid}@{n} block {src}")
+            self.content[slot] = self.content[src]
         for rid, s in sorted(self.scheduled.items()):  # attention reads the whole prefix
             r = self.reqs[rid]
             for i in range(cdiv(s, c.bs_fa) if r.status == "running" else 0):
-                if not self.fa_valid(r.fa[i], r.prompt[: min(s, (i + 1) * c.bs_fa)]):
+                if not self.fa_valid(r.fa[i], c.seq(rid)[: min(s, (i + 1) * c.bs_fa)]):
                     self.bad(f"attention read r{rid} block {r.fa[i]}")
         self.copies, self.fresh = [], set()
         self.scheduled.clear()
@@ -499,6 +576,7 @@ class State:
             r.marker = None
             if r.computed == n:
                 self._hand_off(rid, MAMBA, src, n, self.executed)
+        self._flush(rid)
         ids = self.pop_tables(r)
         if self.cfg.defer_block_free:
             self.retained.append((self.step, tuple(ids), "req"))

@@ -32,6 +32,15 @@ class Config:
     use_eagle: bool = False
     outcomes: tuple[str, ...] = ("ok", "full", "error")
     priority_preempt: bool = False
+    # The reuse extension (docs/reuse.md), not vLLM 0.33: tokens each request decodes after its
+    # prompt (one per step), and turn-end checkpoints (snapshot blocks flushed at finish).
+    responses: tuple[tuple[int, ...], ...] = ()
+    turn_end: bool = False
+
+    def seq(self, rid: int) -> tuple[int, ...]:
+        """Request ``rid``'s whole token sequence: its prompt, then its response."""
+        resp = self.responses[rid] if rid < len(self.responses) else ()
+        return self.prompts[rid] + resp
 
     @property
     def lcm(self) -> int:
@@ -65,6 +74,7 @@ class Req:
     marker: tuple[int, int] | None = None  # _producer_partial_tail_reqs: (source block, boundary)
     stops: tuple[int, ...] = ()  # chunk ends since the last (re)start
     epoch: int = 0  # bumped by preemption: older store jobs become "not live"
+    slot: tuple[int, int] | None = None  # turn-end snapshot: (connector-held block, boundary)
 
     def clone(self) -> Req:
         r = Req.__new__(Req)

@@ -41,6 +41,12 @@ def _events(s: State, act: tuple, t: State) -> list[str]:
         out.append("handoff")
     if act[0] == "finish" and len(t.jobs) > len(s.jobs):
         out.append("finish_handoff_pinned")
+    if act[0] == "end_schedule" and t.snapshots:
+        out.append("snapshot_taken")
+    if act[0] == "finish" and any(
+            g == 1 and len(p) > s.ck(len(s.cfg.prompts[j.rid]))
+            for jid, j in t.jobs.items() if jid not in s.jobs for g, p, _ in j.puts):
+        out.append("turn_end_flushed")
     if act[0] == "report" and len(t.jobs) < len(s.jobs):
         out.append("job_unpinned")
     if act[0] == "run_job" and len(t.store) > len(s.store):

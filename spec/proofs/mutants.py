@@ -125,6 +125,40 @@ class NoKeyMove(State):
         pass
 
 
+# --- the turn-end extension (docs/reuse.md): one request, a prompt of 4 (ck = 2), a response of 2
+_TURN_END = {"prompts": ((1, 1, 2, 2),), "responses": ((3, 3),), "turn_end": True,
+             "workers": 1}
+
+
+@mutant("te_wrong_boundary", "the turn-end flush keys the snapshot one hash unit too far",
+        **_TURN_END)
+class TurnEndWrongBoundary(State):
+    def turn_end_puts(self, rid: int, slot: int, b: int) -> list[Put]:
+        puts = super().turn_end_puts(rid, slot, b)
+        g, _, blk = puts[-1]
+        return [*puts[:-1], (g, self.cfg.seq(rid)[: b + self.cfg.h], blk)]
+
+
+@mutant("te_snapshot_late", "the snapshot copy runs one step late (after the next forward)",
+        **_TURN_END)
+class TurnEndSnapshotLate(State):
+    def due_snapshots(self) -> list[tuple[int, int, int, int]]:
+        late = getattr(self, "_late", [])
+        self._late, self.snapshots = self.snapshots, []
+        return late
+
+    def fingerprint(self) -> tuple:
+        return (super().fingerprint(), tuple(getattr(self, "_late", [])))
+
+
+@mutant("te_pin_released_early", "the flush job does not pin the snapshot block it puts",
+        **_TURN_END)
+class TurnEndPinReleasedEarly(State):
+    def job_blocks(self, r: Req, puts: list[Put], n: int) -> list[int]:
+        ids = super().job_blocks(r, puts, n)
+        return ids[:-1] if r.slot is not None and ids and ids[-1] == r.slot[0] else ids
+
+
 @dataclass(frozen=True)
 class MutantConfig(Config):
     """The instance a mutant was found on: its config plus the mutant's name. The model's own
