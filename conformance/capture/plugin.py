@@ -20,8 +20,6 @@ a writer thread of the recorder builds, encodes and writes them.
 from __future__ import annotations
 
 import atexit
-import importlib.abc
-import importlib.machinery
 import logging
 import os
 import sys
@@ -99,33 +97,12 @@ def patch_scheduler_class(cls: Any) -> None:
     setattr(cls, _PATCHED, True)
 
 
-class _PatchOnImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Patches the scheduler module right after it is first imported (without importing
-    vLLM's scheduler in processes that never build one)."""
-
-    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if name != _MODULE:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        if spec is None or spec.loader is None:
-            return None
-        self._inner = spec.loader
-        spec.loader = self
-        return spec
-
-    def create_module(self, spec: Any) -> Any:
-        return self._inner.create_module(spec)
-
-    def exec_module(self, module: Any) -> None:
-        self._inner.exec_module(module)
-        patch_scheduler_class(module.Scheduler)
-
-
 def register() -> None:
     """The ``vllm.general_plugins`` entry point (may run several times per process)."""
-    mod = sys.modules.get(_MODULE)
-    if mod is not None:
-        patch_scheduler_class(mod.Scheduler)
-    elif not any(isinstance(f, _PatchOnImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _PatchOnImport())
+    from tailproof.impl.import_hook import patch_on_import
+
+    patch_on_import(_MODULE, _patch_module)
+
+
+def _patch_module(module: Any) -> None:
+    patch_scheduler_class(module.Scheduler)
