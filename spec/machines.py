@@ -33,16 +33,21 @@ class SpecMachine(RuleBasedStateMachine):
                 lens=st.lists(st.integers(2, 7), min_size=1, max_size=3),
                 blocks=st.integers(5, 12), workers=st.integers(1, 2),
                 defer=st.booleans(), eagle=st.booleans(),
-                decode=st.lists(st.integers(0, 5), max_size=3), turn_end=st.booleans())
+                decode=st.lists(st.integers(0, 5), max_size=3), turn_end=st.booleans(),
+                junction=st.booleans())
     def setup(self, geo: tuple[int, int, int], lens: list[int], blocks: int, workers: int,
-              defer: bool, eagle: bool, decode: list[int], turn_end: bool) -> None:
+              defer: bool, eagle: bool, decode: list[int], turn_end: bool,
+              junction: bool) -> None:
         h, bf, bm = geo
+        # A later prompt's junction: the prefix it shares with the longest earlier one, h-floored.
+        junctions = tuple(min(n, max(lens[:i])) // h * h if junction and i else 0
+                          for i, n in enumerate(lens))
         # Responses continue BASE, so a later prompt may be an earlier prompt + its response.
         responses = tuple(BASE[n:n + k] for n, k in zip(lens, decode, strict=False))
         cfg = Config(h=h, bs_fa=bf, bs_mamba=bm, num_blocks=blocks,
                      prompts=tuple(BASE[:n] for n in lens), workers=workers,
                      defer_block_free=defer, use_eagle=eagle, responses=responses,
-                     turn_end=turn_end)
+                     turn_end=turn_end, junctions=junctions)
         note(f"config: {cfg}")
         self.s = initial(cfg)
 

@@ -273,6 +273,9 @@ class State:
         ck = self.ck(p)
         if start < ck < stop:
             stop = ck
+        j = c.junction(rid)  # the exact junction stop (the scheduler hook, docs/junctions.md)
+        if start < j < stop:
+            stop = j
         return stop
 
     # ----------------------------------------------------------------- transitions
@@ -443,7 +446,32 @@ class State:
         if self.cfg.turn_end:
             for rid in sorted(self.scheduled):
                 self._snapshot(rid)
+        for rid in sorted(self.scheduled):
+            self._junction_job(rid)
         self.phase = "exec"
+
+    def _junction_job(self, rid: int) -> None:
+        """docs/junctions.md: a chunk that ended at the request's junction snapshots the state
+        into a fresh block and a store job of this step puts it (with the attention KV from the
+        lcm floor) after the forward; the job's pin is the block's only holder."""
+        c, r = self.cfg, self.reqs[rid]
+        j = c.junction(rid)
+        if not j or r.status != "running" or r.computed != j or self.scheduled[rid] == j:
+            return
+        if not r.mamba or r.mamba[-1] == NULL or not self.fq:
+            return
+        slot = self.get_new_blocks(1)[0]
+        self.snapshots.append((rid, r.mamba[-1], slot, j))
+        p = c.seq(rid)
+        lo, hi = tail_put_range(j, c.lcm, c.bs_fa, 0)
+        puts: list[Put] = [(FA, p[: min((i + 1) * c.bs_fa, j)], r.fa[i])
+                           for i in range(lo, min(hi, len(r.fa))) if r.fa[i] != NULL]
+        puts.append((MAMBA, p[:j], slot))
+        ids = self.job_blocks(r, puts, j)
+        self.pin(ids)
+        self.free_blocks([slot])
+        self.jobs[self.next_job] = Job(rid, r.epoch, tuple(ids), tuple(puts), self.step)
+        self.next_job += 1
 
     # ----------------------------------------------------------------- turn-end extension
     def _snapshot(self, rid: int) -> None:

@@ -36,6 +36,13 @@ class Config:
     # prompt (one per step), and turn-end checkpoints (snapshot blocks flushed at finish).
     responses: tuple[tuple[int, ...], ...] = ()
     turn_end: bool = False
+    # Junction checkpoints: the shared-prefix junction the connector set for each request
+    # (``Request.shared_prefix_boundary``; 0: none). Its chunk stops there exactly, and a
+    # junction job stores the state (a snapshot block the job alone pins) with the attention KV.
+    junctions: tuple[int, ...] = ()
+
+    def junction(self, rid: int) -> int:
+        return self.junctions[rid] if rid < len(self.junctions) else 0
 
     def seq(self, rid: int) -> tuple[int, ...]:
         """Request ``rid``'s whole token sequence: its prompt, then its response."""
