@@ -61,11 +61,15 @@ class Settings:
     checkpoint_slots: int = 32  # requests holding snapshot blocks at once (1..4096)
     checkpoint_reserve_blocks: int = 4  # free pool blocks a snapshot block must leave
     decode_boundary_saves: bool = False  # also store decode-time aligned Mamba states
+    # Junction checkpoints (docs/junctions.md): stop a prompt's chunk at the prefix it shares
+    # with an earlier prompt and store the state there (needs the scheduler hook plugin).
+    junction_checkpoints: bool = False
+    junction_index_blocks: int = 1 << 18  # prompt hash blocks remembered (LRU)
 
     @property
     def reuse_extension(self) -> bool:
         """Whether any part of the reuse extension (docs/reuse.md) is on."""
-        return self.turn_end_checkpoints or self.decode_boundary_saves
+        return self.turn_end_checkpoints or self.decode_boundary_saves or self.junction_checkpoints
 
     @property
     def is_producer(self) -> bool:
@@ -98,6 +102,8 @@ _SETTING_TYPES: dict[str, type | tuple[type, ...]] = {
     "checkpoint_slots": int,
     "checkpoint_reserve_blocks": int,
     "decode_boundary_saves": bool,
+    "junction_checkpoints": bool,
+    "junction_index_blocks": int,
 }
 MAX_CHECKPOINT_SLOTS = 4096
 MAX_THREADS = 8  # data-plane threads per kind: copies are memory-bound, more only contend
@@ -173,6 +179,9 @@ def parse_settings(extra: dict[str, Any] | None, kv_role: str | None) -> Setting
     val = extra.get("checkpoint_slots")
     if isinstance(val, int) and not isinstance(val, bool) and not 1 <= val <= MAX_CHECKPOINT_SLOTS:
         problems.append(f"checkpoint_slots must be in 1..{MAX_CHECKPOINT_SLOTS}, got {val}")
+    val = extra.get("junction_index_blocks")
+    if isinstance(val, int) and not isinstance(val, bool) and not 1 <= val <= 1 << 24:
+        problems.append(f"junction_index_blocks must be in 1..{1 << 24}, got {val}")
     val = extra.get("checkpoint_reserve_blocks")
     if isinstance(val, int) and not isinstance(val, bool) and val < 0:
         problems.append(f"checkpoint_reserve_blocks must be >= 0, got {val}")
@@ -379,7 +388,8 @@ def check_reuse_extension(settings: Settings, geo: StoreGeometry, vllm_config: A
     """Why the reuse extension (docs/reuse.md, "Limits") cannot run on this engine (empty when
     it can, or when it is off): a speculative step does not end on a known boundary, and a
     sliding window's store mask would need its own rule."""
-    on = [k for k in ("turn_end_checkpoints", "decode_boundary_saves") if getattr(settings, k)]
+    on = [k for k in ("turn_end_checkpoints", "decode_boundary_saves", "junction_checkpoints")
+          if getattr(settings, k)]
     if not on:
         return []
     from vllm.v1.kv_cache_interface import MambaSpec

@@ -60,6 +60,7 @@ from tailproof.impl.metrics import (
 from tailproof.impl.scheduler_side import SchedulerSide
 from tailproof.impl.stores import Store, make_store
 from tailproof.impl.value_format import SecretError, secret_from_env
+from tailproof.impl.vllm_plugin import HOOK_VERSION
 from tailproof.impl.worker_side import WorkerSide
 
 logger = logging.getLogger(__name__)
@@ -193,6 +194,29 @@ class TailproofConnector(KVConnectorBase_V1, SupportsHMA):
 
     def bind_gpu_block_pool(self, gpu_block_pool: Any) -> None:
         self._sched().bind_gpu_block_pool(gpu_block_pool)
+
+    def on_scheduler_built(self, scheduler: Any) -> None:
+        """The scheduler hook (``tailproof.impl.vllm_plugin``, contract
+        ``tailproof-scheduler-hook/1``): with ``junction_checkpoints`` on, make vLLM 0.33's
+        junction stop exact (``Scheduler.mamba_shared_prefix_checkpoint``; vLLM sets it only
+        with an EAGLE Mamba group). Refused on any other vLLM version (its names are 0.33's)."""
+        side = self.scheduler_side
+        if side is None or not self.settings.junction_checkpoints:
+            return
+        import vllm
+
+        if not str(vllm.__version__).startswith("0.33."):
+            logger.error("TailproofConnector: junction_checkpoints needs vLLM 0.33 (running %s); "
+                         "no junction stops", vllm.__version__)
+            return
+        if not getattr(scheduler, "mamba_partial_cache_hit", False):
+            logger.error("TailproofConnector: junction_checkpoints needs partial hash hits (a "
+                         "hybrid model whose Mamba block is larger than prefix_match_unit); "
+                         "no junction stops")
+            return
+        scheduler.mamba_shared_prefix_checkpoint = True
+        side.exact_junction_stops = True
+        logger.info("TailproofConnector: exact junction stops on (%s)", HOOK_VERSION)
 
     def get_num_new_matched_tokens(
         self, request: Any, num_computed_tokens: int

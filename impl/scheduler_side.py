@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tailproof.impl.config import Settings, StoreGeometry
+from tailproof.impl.junctions import JunctionIndex
 from tailproof.impl.lookup import StoreLookup
 from tailproof.impl.meta import (
     BoundaryPut,
@@ -50,6 +51,7 @@ from tailproof.impl.meta import (
 from tailproof.impl.metrics import SchedulerMetrics
 from tailproof.spec.arithmetic import (
     NULL_BLOCK_ID,
+    checkpoint_position,
     partial_tail_puts,
     running_state_index,
     snapshot_due,
@@ -122,6 +124,14 @@ class SchedulerSide:
         self._mamba_groups = tuple(g for g in range(geo.num_groups) if geo.is_mamba[g])
         self._step_end: dict[str, int] = {}  # rid -> real tokens computed after this step
         self.reuse_disabled = False  # set once if a step shows what the extension refuses
+        # Junction checkpoints (docs/junctions.md): admitted prompts' hashes, each request's
+        # junction (computed once, at its first admission), and the ones whose stop is pending.
+        self.junction_index = (JunctionIndex(settings.junction_index_blocks)
+                               if settings.junction_checkpoints else None)
+        self.junction_seen: dict[str, int] = {}
+        self.junction_targets: dict[str, int] = {}
+        self.exact_junction_stops = False  # set by TailproofConnector.on_scheduler_built
+        self._warned_no_hook = False
 
     # ------------------------------------------------------------------ lookup / alloc
 
@@ -129,7 +139,14 @@ class SchedulerSide:
         self.pool = pool
 
     def get_num_new_matched_tokens(self, request: Any, num_computed: int) -> tuple[int, bool]:
-        """External tokens beyond the (block-aligned) local hit, and whether the load is async."""
+        """External tokens beyond the (block-aligned) local hit, and whether the load is async;
+        with ``junction_checkpoints``, also its store-side junction (docs/junctions.md)."""
+        need, is_async = self._matched(request, num_computed)
+        if self.junction_index is not None and not self.reuse_disabled:
+            self._set_junction(request, num_computed + need)
+        return need, is_async
+
+    def _matched(self, request: Any, num_computed: int) -> tuple[int, bool]:
         if not self.settings.enable_lookup or self.lookup_client is None:
             return 0, False
         if request.num_tokens < self.geo.alignment or request.request_id in self.load_failed:
@@ -176,6 +193,8 @@ class SchedulerSide:
         consumer = self.settings.is_consumer
         for rid in so.finished_req_ids:
             self.release_snapshot(rid)  # finish_turn normally did; a no-op then
+            self.junction_seen.pop(rid, None)
+            self.junction_targets.pop(rid, None)
             self.load_failed.discard(rid)
             self.load_specs.pop(rid, None)
             self.request_trackers.pop(rid, None)
@@ -183,6 +202,7 @@ class SchedulerSide:
         preempted = set(so.preempted_req_ids or ())
         for rid in preempted:
             self.release_snapshot(rid)  # rule 4: its state is recomputed
+            self.junction_targets.pop(rid, None)  # re-admission sets it again
             self.load_specs.pop(rid, None)
             if (t := self.request_trackers.get(rid)) is not None:
                 t.reset()
@@ -236,8 +256,83 @@ class SchedulerSide:
             meta.stores.append(self._pin(s))
         if extension and self.settings.turn_end_checkpoints and state is not None:
             self._take_snapshots(so, state, meta)
+        if extension and self.junction_targets and state is not None:
+            self._junction_jobs(state, meta)
         self._step_end = {}
         return meta
+
+    # ------------------------------------------------------------------ junctions
+
+    def _set_junction(self, request: Any, hit: int) -> None:
+        """Junction rule 1 (docs/junctions.md): the longest prefix (h-floored, below the
+        prompt's own checkpoint) this prompt shares with an earlier admitted one; when it is
+        past every hit and off the Mamba grid, the request's chunk stops there
+        (``Request.shared_prefix_boundary``, read by ``Scheduler._mamba_block_aligned_split``
+        in this same step; exact through the scheduler hook) and a junction job stores it."""
+        rid = request.request_id
+        self.junction_targets.pop(rid, None)  # an earlier ask of a request not then scheduled
+        geo = self.geo
+        h = geo.hash_block_size
+        p = request.num_prompt_tokens
+        j = self.junction_seen.get(rid)
+        if j is None:  # first admission: compare with earlier prompts, then index this one
+            assert self.junction_index is not None
+            j = self.junction_index.known_prefix_blocks(request.block_hashes, (p - 1) // h) * h
+            self.junction_index.add(request.block_hashes, p // h)
+            self.junction_seen[rid] = j
+        ck = checkpoint_position(p, h, geo.use_eagle)
+        if (j <= hit or j >= ck or j <= request.shared_prefix_boundary
+                or all(j % geo.block_sizes[g] == 0 for g in self._mamba_groups)):
+            return  # already served, vLLM's own tail stop, or an aligned (handed-off) state
+        if not self.exact_junction_stops:
+            if not self._warned_no_hook:
+                logger.warning("junction_checkpoints is on but vLLM's scheduler hook did not "
+                               "run (docs/junctions.md, 'The hook'): no junction stops")
+                self._warned_no_hook = True
+            return
+        request.shared_prefix_boundary = j
+        self.junction_targets[rid] = j
+        self.metrics.c.inc("junctions_set")
+
+    def _junction_jobs(self, state: Any, meta: TailproofMeta) -> None:
+        """Junction rule 2: a step whose chunk ended at the request's junction copies the running
+        state into fresh blocks (``meta.snapshots``, applied after the forward) and a store job
+        of this same step puts them under the junction's key with the attention KV from the lcm
+        floor; the job's pins are the blocks' only holders (the connector's reference is
+        dropped at once)."""
+        geo = self.geo
+        for rid, n in self._step_end.items():
+            if self.junction_targets.get(rid) != n:
+                continue
+            del self.junction_targets[rid]
+            req = self.unfinished_requests[rid][0]
+            table = state.get_block_ids(rid)
+            srcs = self._snapshot_sources(table, n)
+            k = len(self._mamba_groups)
+            if srcs is None or self.pool.get_num_free_blocks() - k < (
+                    self.settings.checkpoint_reserve_blocks):
+                self.metrics.c.inc("junction_jobs_skipped")
+                continue
+            slots = [b.block_id for b in self.pool.get_new_blocks(k)]
+            meta.snapshots += [Snapshot(rid, g, src, slot, n) for g, src, slot in
+                               zip(self._mamba_groups, srcs, slots, strict=True)]
+            ids = tuple(list(table[g]) for g in geo.core_group_ids)
+            attn = turn_end_attention_puts(
+                boundary=n, saved_tokens=n // geo.lcm_block_size * geo.lcm_block_size,
+                completed_token_len=n, num_hashes=len(req.block_hashes), block_ids=ids,
+                block_sizes=geo.block_sizes, is_mamba=geo.is_mamba,
+                eagle_margins=self._eagle_margins, hash_block_size=geo.hash_block_size)
+            puts = [BoundaryPut(*x) for x in attn]
+            puts += [BoundaryPut(g, slot, n) for g, slot in zip(self._mamba_groups, slots,
+                                                                 strict=True)]
+            job = StoreJob(req_id=rid, token_len_chunk=0, block_ids=ids,
+                           block_hashes=list(req.block_hashes), boundary_puts=puts,
+                           completed_token_len=n, num_prompt_tokens=req.num_prompt_tokens)
+            job.store_job_id = self._take_pins(list(dict.fromkeys(x.block_id for x in puts)))
+            blocks = self.pool.blocks
+            self.pool.free_blocks([blocks[b] for b in slots])
+            meta.stores.append(job)
+            self.metrics.c.inc("junction_jobs")
 
     # ------------------------------------------------------------------ reuse extension
 
@@ -295,6 +390,15 @@ class SchedulerSide:
                                for g, src, slot in zip(self._mamba_groups, srcs, slots,
                                                        strict=True)]
             self.metrics.c.inc("snapshots_taken")
+            t = self.request_trackers.get(rid)
+            if n == self._final_boundary(req) and t is not None and self.settings.is_producer:
+                # Rule 3b: the last boundary before a finish by length is flushed now (the
+                # job runs after this step's copy), not at finish: a next turn sent as soon as
+                # this one ends then finds it stored.
+                table = state.get_block_ids(rid)
+                ids = tuple(list(table[g]) for g in geo.core_group_ids)
+                meta.stores.append(self._turn_end_job(req, slots, n, ids, t.num_saved_tokens, n))
+                self.release_snapshot(rid)
 
     def _snapshot_sources(self, table: Any, n: int) -> list[int] | None:
         """The running state block of every Mamba group after ``n`` tokens (None when any is
@@ -349,28 +453,41 @@ class SchedulerSide:
         if (self.settings.is_producer and t is not None and b <= request.num_computed_tokens
                 and b // geo.hash_block_size <= len(request.block_hashes)):
             ids = tuple(list(block_ids[g]) for g in geo.core_group_ids)
-            attn = turn_end_attention_puts(
-                boundary=b, saved_tokens=t.num_saved_tokens,
-                completed_token_len=request.num_computed_tokens,
-                num_hashes=len(request.block_hashes), block_ids=ids,
-                block_sizes=geo.block_sizes, is_mamba=geo.is_mamba,
-                eagle_margins=self._eagle_margins, hash_block_size=geo.hash_block_size)
-            puts = [BoundaryPut(*p) for p in attn]
-            puts += [BoundaryPut(g, slot, b) for g, slot in zip(self._mamba_groups, slots,
-                                                                 strict=True)]
-            job = StoreJob(req_id=rid, token_len_chunk=0, block_ids=ids,
-                           block_hashes=list(request.block_hashes), boundary_puts=puts,
-                           completed_token_len=request.num_computed_tokens,
-                           num_prompt_tokens=request.num_prompt_tokens)
-            job.store_job_id = self._take_pins(list(dict.fromkeys(p.block_id for p in puts)))
+            job = self._turn_end_job(request, slots, b, ids, t.num_saved_tokens,
+                                     request.num_computed_tokens)
             if rid in self.finished_turn_ends:
                 raise AssertionError(f"{rid}: second turn-end flush")
             self.finished_turn_ends[rid] = job
-            self.metrics.c.inc("turn_end_jobs")
         else:
             self.metrics.c.inc("turn_end_not_flushed")
         self.release_snapshot(rid)
         return job
+
+    def _turn_end_job(self, request: Any, slots: list[int], b: int, ids: tuple[list[int], ...],
+                      saved_tokens: int, completed: int) -> StoreJob:
+        """The pinned flush job of a snapshot at ``b``: the attention KV from the last normal
+        save up to ``b``, then the snapshot blocks under ``b``'s key."""
+        geo = self.geo
+        attn = turn_end_attention_puts(
+            boundary=b, saved_tokens=saved_tokens, completed_token_len=completed,
+            num_hashes=len(request.block_hashes), block_ids=ids, block_sizes=geo.block_sizes,
+            is_mamba=geo.is_mamba, eagle_margins=self._eagle_margins,
+            hash_block_size=geo.hash_block_size)
+        puts = [BoundaryPut(*p) for p in attn]
+        puts += [BoundaryPut(g, slot, b) for g, slot in zip(self._mamba_groups, slots,
+                                                             strict=True)]
+        job = StoreJob(req_id=request.request_id, token_len_chunk=0, block_ids=ids,
+                       block_hashes=list(request.block_hashes), boundary_puts=puts,
+                       completed_token_len=completed, num_prompt_tokens=request.num_prompt_tokens)
+        job.store_job_id = self._take_pins(list(dict.fromkeys(p.block_id for p in puts)))
+        self.metrics.c.inc("turn_end_jobs")
+        return job
+
+    def _final_boundary(self, request: Any) -> int:
+        """The last hash boundary a request can compute before it finishes by length
+        (``max_tokens``): its last snapshot, known in advance."""
+        h = self.geo.hash_block_size
+        return (request.num_prompt_tokens + request.max_tokens - 1) // h * h
 
     def _decode_boundary_puts(self, s: StoreJob) -> list[BoundaryPut]:
         """Rule 5: the attention blocks up to each accepted decode boundary of ``s``

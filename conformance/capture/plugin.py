@@ -22,7 +22,6 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import sys
 from typing import Any
 
 logger = logging.getLogger(__name__)

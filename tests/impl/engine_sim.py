@@ -83,7 +83,10 @@ class Engine:
         from vllm.v1.structured_output import StructuredOutputManager
 
         from tailproof.impl.connector import TailproofConnector
+        from tailproof.impl.vllm_plugin import register
         from tailproof.spec.arithmetic import lcm_all
+
+        register()  # the scheduler hook vLLM loads from our entry point (docs/junctions.md)
 
         init_none_hash(sha256)
         self.settle = settle
