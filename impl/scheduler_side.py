@@ -381,7 +381,8 @@ class SchedulerSide:
             if srcs is None:
                 self.metrics.c.inc("snapshots_no_source")
                 continue
-            slots = self._snapshot_blocks(rid)
+            final = n == self._final_boundary(req)
+            slots = self._snapshot_blocks(rid, final)
             if slots is None:
                 self.metrics.c.inc("snapshots_skipped")
                 continue
@@ -414,18 +415,20 @@ class SchedulerSide:
             out.append(ids[i])
         return out
 
-    def _snapshot_blocks(self, rid: str) -> list[int] | None:
+    def _snapshot_blocks(self, rid: str, final: bool) -> list[int] | None:
         """The request's snapshot blocks (overwritten), or new ones from vLLM's pool
         (``BlockPool.get_new_blocks``, one reference held by the connector) if fewer than
         ``checkpoint_slots`` requests hold some and the pool keeps ``checkpoint_reserve_blocks``
-        free blocks; else None."""
+        free blocks; else None. A ``final`` snapshot (rule 3b: flushed in this same step, so
+        its blocks are held one step, by the job) needs only free blocks and no slot."""
         held = self.snapshot_slots.get(rid)
         if held is not None:
             return held[0]
         k = len(self._mamba_groups)
-        if len(self.snapshot_slots) >= self.settings.checkpoint_slots:
+        if not final and len(self.snapshot_slots) >= self.settings.checkpoint_slots:
             return None
-        if self.pool.get_num_free_blocks() - k < self.settings.checkpoint_reserve_blocks:
+        reserve = 0 if final else self.settings.checkpoint_reserve_blocks
+        if self.pool.get_num_free_blocks() - k < reserve:
             return None
         return [b.block_id for b in self.pool.get_new_blocks(k)]
 
