@@ -63,3 +63,119 @@ def test_both_plugins_patch_the_scheduler_whatever_the_order() -> None:
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                              check=True)
         assert out.stdout.split()[-2:] == ["True", "True"], (order, out.stdout, out.stderr)
+
+
+# --------------------------------------------------------------------------- engine (vLLM 0.33)
+
+vllm_only = pytest.mark.vllm
+
+
+def _engine(extra: dict, name: str, block: int = 16) -> object:
+    pytest.importorskip("vllm")
+    from engine_sim import Engine
+
+    return Engine({"store": "memory", "namespace": f"jn-{name}", "capacity_bytes": 1 << 26,
+                   **extra}, num_blocks=96, groups=(("full_attention", block), ("mamba", block)),
+                  h=4, max_batched=64)
+
+
+
+
+def _first_hits(e: object, prompts: dict[str, list[int]], steps: int = 200) -> dict[str, int]:
+    """Add every prompt, run to the end; each request's computed tokens at its first step."""
+    for rid, p in prompts.items():
+        e.add(rid, p, max_tokens=2)  # type: ignore[attr-defined]
+    hits: dict[str, int] = {}
+    reqs = dict(e.sched.requests)  # type: ignore[attr-defined]
+    for _ in range(steps):
+        if not e.sched.has_requests() and not e.conn.has_pending_push_work():  # type: ignore[attr-defined]
+            break
+        log = e.step()  # type: ignore[attr-defined]
+        assert log.byte_errors == []
+        for rid, n in log.scheduled.items():
+            hits.setdefault(rid, reqs[rid].num_computed_tokens - n)
+        for rid, req in reqs.items():  # a load completes without a scheduled step
+            if rid not in hits and req.num_computed_tokens:
+                hits[rid] = req.num_computed_tokens
+    return hits
+
+
+@vllm_only
+def test_junction_state_stored_and_reused_byte_exact() -> None:
+    """Prompts sharing 28 tokens (off the Mamba grid of 16): the second stops its chunk at 28,
+    a junction job stores the state there with the attention KV, and the later ones resume at
+    28 from the store (every loaded byte checked); pins and snapshot blocks all released."""
+    shared = list(range(10, 38))  # 28 tokens
+    prompts = {f"c{i}": shared + [100 + 10 * i + k for k in range(12)] for i in range(4)}
+    e = _engine({"junction_checkpoints": True}, "reuse")
+    e.add("c0", prompts["c0"], max_tokens=2)
+    e.run(50)
+    e.add("c1", prompts["c1"], max_tokens=2)
+    e.step()
+    assert e.sched.requests["c1"].num_computed_tokens == 28  # the chunk stopped at the junction
+    e.run(50)
+    side = e.conn.scheduler_side
+    assert side.metrics.c.total("junctions_set") == 1
+    assert side.metrics.c.total("junction_jobs") == 1
+    hits = _first_hits(e, {"c2": prompts["c2"]})
+    assert hits["c2"] == 28
+    assert side.pinned_saves == {} and e.refcounts() == {}
+    e.shutdown()
+
+
+@vllm_only
+def test_no_hook_no_junction(caplog: pytest.LogCaptureFixture) -> None:
+    """Without the scheduler hook the stop could not be exact: no junction is set, one warning."""
+    shared = list(range(10, 38))
+    e = _engine({"junction_checkpoints": True}, "nohook")
+    e.conn.scheduler_side.exact_junction_stops = False
+    e.add("c0", shared + [1] * 12, max_tokens=2)
+    e.run(50)
+    e.add("c1", shared + [2] * 12, max_tokens=2)
+    with caplog.at_level("WARNING"):
+        e.run(50)
+    assert e.conn.scheduler_side.metrics.c.total("junctions_set") == 0
+    assert "scheduler hook did not run" in caplog.text
+    e.shutdown()
+
+
+@vllm_only
+def test_hook_refuses_other_vllm_versions(monkeypatch: pytest.MonkeyPatch) -> None:
+    import vllm
+
+    e = _engine({"junction_checkpoints": True}, "version")
+    assert e.sched.mamba_shared_prefix_checkpoint  # type: ignore[attr-defined]
+    side = e.conn.scheduler_side
+    side.exact_junction_stops = False
+    e.sched.mamba_shared_prefix_checkpoint = False  # type: ignore[attr-defined]
+    monkeypatch.setattr(vllm, "__version__", "0.34.0")
+    e.conn.on_scheduler_built(e.sched)  # type: ignore[attr-defined]
+    assert not side.exact_junction_stops and not e.sched.mamba_shared_prefix_checkpoint
+    e.shutdown()
+
+
+@vllm_only
+def test_hook_is_a_no_op_when_off() -> None:
+    e = _engine({}, "off")
+    assert not e.sched.mamba_shared_prefix_checkpoint  # type: ignore[attr-defined]
+    assert e.conn.scheduler_side.junction_index is None
+    e.shutdown()
+
+
+@vllm_only
+def test_next_turn_sent_at_finish_finds_the_turn_end() -> None:
+    """Rule 3b: a request finishing by length is flushed at its last boundary before it ends,
+    so a next turn added in the step right after the finish already resumes there."""
+    e = _engine({"turn_end_checkpoints": True}, "eager", block=64)  # the device keeps only 44
+    prompt = list(range(10, 55))  # 45 tokens, ck = 44
+    r1 = e.add("t1", prompt, max_tokens=18)  # finishes having computed 62: last boundary 60
+    for _ in range(100):
+        log = e.step()
+        if "t1" in log.finished:
+            break
+    e.add("t2", list(r1.all_token_ids) + [7] * 10, max_tokens=1)
+    logs = e.run(100)
+    loads = [(j.vllm_cached_tokens, j.kvpool_cached_tokens) for lg in logs for j in lg.loads]
+    assert loads and loads[0][1] == 60, loads
+    assert [x for lg in e.log for x in lg.byte_errors] == []
+    e.shutdown()
