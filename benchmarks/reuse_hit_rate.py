@@ -348,11 +348,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS))
     ap.add_argument("--small-blocks", type=int, default=Sizes.small_blocks)
+    ap.add_argument("--checkpoint-reserve", type=int, default=None,
+                    help="checkpoint_reserve_blocks of the extension variant (default: the "
+                         "connector's default)")
     args = ap.parse_args(argv)
+    if args.checkpoint_reserve is not None:
+        EXTENSION["checkpoint_reserve_blocks"] = args.checkpoint_reserve
     sizes = Sizes(small_blocks=args.small_blocks)
     print(f"load {os.getloadavg()[0]:.2f} (1 min); seeds {args.seeds}; Mamba/FA block {BLOCK}, "
           f"h {H}, max_num_batched_tokens {sizes.max_batched}, device blocks {LARGE_BLOCKS} "
-          f"(small {sizes.small_blocks})")
+          f"(small {sizes.small_blocks}); extension {EXTENSION}")
     print("workload    seed variant    reqs hit/oracle  hit     oracle  prefill/min  steps  "
           "store MB  preempt  misses " + "/".join(MISS_KINDS) + "  copy KB/req")
     for workload in args.workloads:
