@@ -296,18 +296,19 @@ class SchedulerSide:
 
     def _step_ends(self, so: Any) -> dict[str, int]:
         """Per scheduled request, in vLLM's order (new, then ``CachedRequestData``: running,
-        then resumed): computed tokens at schedule time + the step's real tokens."""
+        then resumed): computed tokens at schedule time + the step's real tokens, i.e. where
+        this step's forward leaves the request. Every scheduled non-draft token is real,
+        including the placeholder of a token still being sampled under async scheduling
+        (vLLM 0.33's default): not ``num_tokens - computed``, which misses that one."""
         out: dict[str, int] = {}
         sched = so.num_scheduled_tokens
+        drafts = getattr(so, "scheduled_spec_decode_tokens", None) or {}
         cached = so.scheduled_cached_reqs
         rows = [(nr.req_id, nr.num_computed_tokens) for nr in so.scheduled_new_reqs]
         rows += zip(cached.req_ids, cached.num_computed_tokens, strict=True)
         for rid, computed in rows:
-            ent = self.unfinished_requests.get(rid)
-            if ent is None:
-                continue
-            real = max(0, min(sched[rid], ent[0].num_tokens - computed))
-            out[rid] = computed + real
+            if rid in self.unfinished_requests:
+                out[rid] = computed + sched[rid] - len(drafts.get(rid, ()))
         return out
 
     def _take_snapshots(self, so: Any, state: Any, meta: TailproofMeta) -> None:

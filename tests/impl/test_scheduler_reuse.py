@@ -295,3 +295,17 @@ def test_lookup_waits_for_an_inflight_flush(wait: bool) -> None:
     store_hit[0] = 52
     assert t.side.get_num_new_matched_tokens(nxt, 0) == (52, True)
     assert t.side.metrics.c.total("lookups_deferred") == (2 if wait else 0)
+
+
+def test_async_scheduling_placeholder_counts_as_computed() -> None:
+    """Under async scheduling (vLLM 0.33's default) a decode step is scheduled before the
+    previous step's token is appended: the request has num_tokens == computed, yet the step's
+    forward still ends one token later -- the snapshot is keyed there (48), not at 47."""
+    t = Harness()
+    req = t.add("r", 45)
+    t.step(new=("r",), sched=45)
+    t.decode_to("r", 47)
+    req.all_token_ids.pop()  # the token step 47 samples is still in flight
+    assert req.num_tokens == req.num_computed_tokens == 47
+    (snap,) = t.step(cached=("r",)).snapshots
+    assert (snap.boundary, snap.src_block) == (48, t.tables["r"][1][2])
