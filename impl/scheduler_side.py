@@ -263,6 +263,8 @@ class SchedulerSide:
 
     def _register_inflight(self, s: StoreJob) -> None:
         """Remember the Mamba boundary keys of a pinned job until its pins are released."""
+        if s.store_job_id not in self.pinned_saves:
+            return  # nothing pinned, nothing released later: never a key to wait on
         h, mamba = self.geo.hash_block_size, self.geo.is_mamba
         keys = []
         for p in s.boundary_puts:
@@ -271,7 +273,7 @@ class SchedulerSide:
                 ent = self._inflight.setdefault(hh, [p.num_tokens, 0])
                 ent[1] += 1
                 keys.append(hh)
-        if keys and s.store_job_id in self.pinned_saves:
+        if keys:
             self._job_keys[s.store_job_id] = keys  # type: ignore[index]
 
     def _release_inflight(self, job: int) -> None:
