@@ -535,9 +535,13 @@ class SchedulerSide:
 
     def _final_boundary(self, request: Any) -> int:
         """The last hash boundary a request can compute before it finishes by length
-        (``max_tokens``): its last snapshot, known in advance."""
+        (``max_tokens``): its last snapshot, known in advance; -1 when the request does not
+        say (a request-like object without ``max_tokens``)."""
+        max_tokens = getattr(request, "max_tokens", None)
+        if not isinstance(max_tokens, int):
+            return -1
         h = self.geo.hash_block_size
-        return (request.num_prompt_tokens + request.max_tokens - 1) // h * h
+        return (request.num_prompt_tokens + max_tokens - 1) // h * h
 
     def _decode_boundary_puts(self, s: StoreJob) -> list[BoundaryPut]:
         """Rule 5: the attention blocks up to each accepted decode boundary of ``s``

@@ -94,15 +94,27 @@ def test_extension_off_hit_stays_at_prompt_checkpoint(store_ns: dict) -> None:
     e1.shutdown()
 
 
-def test_next_turn_sent_at_finish_waits_for_the_flush(store_ns: dict) -> None:
-    """Rule 7: turn 2 is added in the step turn 1 finished (before the flush job was even
-    emitted); its lookup is deferred until the flush landed, then it loads [48, 60): the
-    device cache holds the aligned Mamba state at 48, the store the turn-end one at 60."""
-    e = Engine({**store_ns, **EXT})
-    req = e.add("t1", list(A), max_tokens=16)
-    while not any("t1" in log.finished for log in e.log[-1:]):
+def _abort_at(e: Engine, req: Any, computed: int) -> None:
+    """Decode ``req`` until it computed ``computed`` tokens, then end it the way an EOS or a
+    stop string would (not by length, so rule 3b cannot flush it early): an abort, which
+    vLLM frees through the same ``_connector_finished`` path."""
+    from vllm.v1.request import RequestStatus
+
+    while req.num_computed_tokens < computed:
         e.step()
-    e.add("t2", list(req.all_token_ids) + [7] * 10, max_tokens=1)
+    assert req.num_computed_tokens == computed
+    e.sched.finish_requests(req.request_id, RequestStatus.FINISHED_ABORTED)
+
+
+def test_next_turn_sent_at_finish_waits_for_the_flush(store_ns: dict) -> None:
+    """Rule 7: turn 1 ends early (not by length) having computed 62, and turn 2 is added at
+    once, before the finish-time flush job was even emitted; its lookup is deferred until the
+    flush landed, then it loads [48, 60): the device cache holds the aligned Mamba state at 48,
+    the store the turn-end one at 60."""
+    e = Engine({**store_ns, **EXT})
+    req = e.add("t1", list(A), max_tokens=40)
+    _abort_at(e, req, 62)
+    e.add("t2", list(req.all_token_ids[:62]) + [7] * 10, max_tokens=1)
     logs = e.run(200)
     assert [x for log in e.log for x in log.byte_errors] == []
     loads = [(j.vllm_cached_tokens, j.kvpool_cached_tokens) for log in logs for j in log.loads]
@@ -116,10 +128,9 @@ def test_next_turn_without_lookup_wait_resumes_at_checkpoint(store_ns: dict) -> 
     """The same without the wait: the lookup runs before the flush landed (the race rule 7
     closes), so turn 2 resumes at the device's aligned Mamba state, 48."""
     e = Engine({**store_ns, **EXT, "checkpoint_lookup_wait": False})
-    req = e.add("t1", list(A), max_tokens=16)
-    while not any("t1" in log.finished for log in e.log[-1:]):
-        e.step()
-    t2 = e.add("t2", list(req.all_token_ids) + [7] * 10, max_tokens=1)
+    req = e.add("t1", list(A), max_tokens=40)
+    _abort_at(e, req, 62)
+    t2 = e.add("t2", list(req.all_token_ids[:62]) + [7] * 10, max_tokens=1)
     logs = e.run(200)
     assert [x for log in e.log for x in log.byte_errors] == []
     loads = [(j.vllm_cached_tokens, j.kvpool_cached_tokens) for log in logs for j in log.loads]
@@ -127,4 +138,23 @@ def test_next_turn_without_lookup_wait_resumes_at_checkpoint(store_ns: dict) -> 
     assert loads == []
     computed = sum(log.scheduled.get("t2", 0) for log in logs)  # max_tokens=1: prefill only
     assert computed == t2.num_prompt_tokens - 48
+    e.shutdown()
+
+
+@pytest.mark.parametrize("wait", [True, False])
+def test_finish_by_length_is_flushed_before_it_ends(store_ns: dict, wait: bool) -> None:
+    """Rule 3b: a turn ending by length (max_tokens 16: 60 computed, its last boundary known in
+    advance) is flushed at that boundary, before it finishes; a next turn added at once loads
+    [48, 60) with no deferral, with or without the lookup wait."""
+    e = Engine({**store_ns, **EXT, "checkpoint_lookup_wait": wait})
+    req = e.add("t1", list(A), max_tokens=16)
+    while not any("t1" in log.finished for log in e.log[-1:]):
+        e.step()
+    e.add("t2", list(req.all_token_ids) + [7] * 10, max_tokens=1)
+    logs = e.run(200)
+    assert [x for log in e.log for x in log.byte_errors] == []
+    loads = [(j.vllm_cached_tokens, j.kvpool_cached_tokens) for log in logs for j in log.loads]
+    assert loads == [(48, 60)]
+    assert e.conn.scheduler_side.metrics.c.total("lookups_deferred") == 0
+    assert e.conn.scheduler_side.pinned_saves == {} and e.refcounts() == {}
     e.shutdown()
