@@ -321,7 +321,8 @@ WORKLOADS: dict[str, tuple[Callable[[Driver, random.Random, Sizes], None], bool]
 }
 VARIANTS = ("device", "connector", "extension")
 #: ``kv_connector_extra_config`` of the ``extension`` variant (docs/reuse.md).
-EXTENSION = {"turn_end_checkpoints": True, "decode_boundary_saves": True}
+EXTENSION = {"turn_end_checkpoints": True, "decode_boundary_saves": True,
+             "junction_checkpoints": True}
 
 
 def run(workload: str, variant: str, seed: int, sizes: Sizes) -> Result:
