@@ -323,6 +323,7 @@ VARIANTS = ("device", "connector", "extension")
 #: ``kv_connector_extra_config`` of the ``extension`` variant (docs/reuse.md).
 EXTENSION = {"turn_end_checkpoints": True, "decode_boundary_saves": True,
              "junction_checkpoints": True}
+PARTS = tuple(EXTENSION)  # what --only may pick
 
 
 def run(workload: str, variant: str, seed: int, sizes: Sizes) -> Result:
@@ -352,7 +353,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--checkpoint-reserve", type=int, default=None,
                     help="checkpoint_reserve_blocks of the extension variant (default: the "
                          "connector's default)")
+    ap.add_argument("--only", nargs="+", choices=PARTS, default=None,
+                    help="turn on only these parts in the extension variant (default: all)")
+    ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
     args = ap.parse_args(argv)
+    if args.only is not None:
+        for part in PARTS:
+            EXTENSION[part] = part in args.only
     if args.checkpoint_reserve is not None:
         EXTENSION["checkpoint_reserve_blocks"] = args.checkpoint_reserve
     sizes = Sizes(small_blocks=args.small_blocks)
@@ -363,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
           "store MB  preempt  misses " + "/".join(MISS_KINDS) + "  copy KB/req")
     for workload in args.workloads:
         for seed in args.seeds:
-            for variant in VARIANTS:
+            for variant in args.variants:
                 r = run(workload, variant, seed, sizes)
                 miss = "/".join(str(r.misses[k]) for k in MISS_KINDS)
                 print(f"{workload:<11} {seed:<4} {variant:<10} {r.requests:<4} {r.ratio:10.3f}  "
