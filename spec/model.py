@@ -491,6 +491,8 @@ class State:
         slot = r.slot[0]
         r.slot = (slot, e)
         self.snapshots.append((rid, r.mamba[-1], slot, e))
+        if e == round_down(len(c.seq(rid)), c.h):  # rule 3b: the last boundary, flushed now
+            self._flush(rid, self.step)
 
     def due_snapshots(self) -> list[tuple[int, int, int, int]]:
         """The snapshot copies this execution runs: the step's own (``wait_for_save`` follows
@@ -513,9 +515,11 @@ class State:
                            for i in range(min(cdiv(b, c.bs_fa), len(r.fa))) if r.fa[i] != NULL]
         return puts + [(MAMBA, p[:b], slot)]
 
-    def _flush(self, rid: int) -> None:
-        """docs/reuse.md rule 3 at finish, before the tables are freed: pin the job's blocks,
-        then drop the connector's own reference on the slot."""
+    def _flush(self, rid: int, fence: int | None = None) -> None:
+        """docs/reuse.md rule 3 at finish, before the tables are freed (or rule 3b, in the step
+        whose snapshot is the request's last boundary: ``fence`` is that step, so the job runs
+        after its copy): pin the job's blocks, then drop the connector's own reference on the
+        slot."""
         r = self.reqs[rid]
         if r.slot is None:
             return
@@ -527,7 +531,8 @@ class State:
         ids = self.job_blocks(r, puts, b)
         self.pin(ids)
         self.release_slot(r)
-        self.jobs[self.next_job] = Job(rid, r.epoch, tuple(ids), tuple(puts), self.executed)
+        fence = self.executed if fence is None else fence
+        self.jobs[self.next_job] = Job(rid, r.epoch, tuple(ids), tuple(puts), fence)
         self.next_job += 1
 
     def _hand_off(self, rid: int, g: int, b: int, n: int, fence: int) -> None:

@@ -43,6 +43,10 @@ def _events(s: State, act: tuple, t: State) -> list[str]:
         out.append("finish_handoff_pinned")
     if act[0] == "end_schedule" and t.snapshots:
         out.append("snapshot_taken")
+    if act[0] == "end_schedule" and any(
+            g == 1 and len(p) > s.ck(len(s.cfg.prompts[j.rid])) and len(p) != s.cfg.junction(j.rid)
+            for jid, j in t.jobs.items() if jid not in s.jobs for g, p, _ in j.puts):
+        out.append("turn_end_flushed_at_last_boundary")
     if act[0] == "finish" and any(
             g == 1 and len(p) > s.ck(len(s.cfg.prompts[j.rid]))
             for jid, j in t.jobs.items() if jid not in s.jobs for g, p, _ in j.puts):
