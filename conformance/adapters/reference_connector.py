@@ -26,6 +26,12 @@ class _PoolById:
     def free_ids(self, ids: list[int]) -> None:
         self.pool.free_blocks([self.pool.blocks[i] for i in ids])
 
+    def take_ids(self, n: int) -> list[int]:
+        return [b.block_id for b in self.pool.get_new_blocks(n)]
+
+    def num_free(self) -> int:
+        return self.pool.get_num_free_blocks()
+
 
 class ReferenceConnector(ConnectorAdapter):
     def __init__(self, config: Any, core_backend: Any) -> None:
@@ -82,6 +88,17 @@ class ReferenceConnector(ConnectorAdapter):
                  tails: list[tuple[int, int, int]]) -> dict[str, Any] | None:
         job = self.sched.register_finished_partial_tail(self._req(rid), block_ids, tails)
         return self._job_obs(job) if job is not None else None
+
+    def snapshots(self) -> list[tuple[str, int, int, int, int]]:
+        return [(s.req_id, s.group, s.src, s.slot, s.boundary)
+                for s in self.sched.step_snapshots]
+
+    def finish_turn(self, rid: str, block_ids: tuple[list[int], ...]) -> dict[str, Any] | None:
+        job = self.sched.finish_turn(self._req(rid), block_ids)
+        return self._job_obs(job) if job is not None else None
+
+    def slots(self) -> dict[str, tuple[list[int], int]]:
+        return dict(self.sched.turn_end.slots)
 
     def trackers(self) -> dict[str, dict[str, Any]]:
         return {rid: {"token_len": t.token_len, "saved": t.num_saved_tokens,
