@@ -55,6 +55,17 @@ class Settings:
     send_threads: int = 1  # background store-job threads per worker (a request stays on one)
     recv_threads: int = 1  # background load threads per worker
     max_queued_jobs: int = 64  # queued + running store jobs (and, apart, loads) per worker
+    # Turn-end checkpoints (docs/reuse.md): store the state at the last hash boundary a request
+    # computed (prompt + response), from a snapshot block the connector takes from vLLM's pool.
+    turn_end_checkpoints: bool = False
+    checkpoint_slots: int = 32  # requests holding snapshot blocks at once (1..4096)
+    checkpoint_reserve_blocks: int = 4  # free pool blocks a snapshot block must leave
+    decode_boundary_saves: bool = False  # also store decode-time aligned Mamba states
+
+    @property
+    def reuse_extension(self) -> bool:
+        """Whether any part of the reuse extension (docs/reuse.md) is on."""
+        return self.turn_end_checkpoints or self.decode_boundary_saves
 
     @property
     def is_producer(self) -> bool:
@@ -83,7 +94,12 @@ _SETTING_TYPES: dict[str, type | tuple[type, ...]] = {
     "send_threads": int,
     "recv_threads": int,
     "max_queued_jobs": int,
+    "turn_end_checkpoints": bool,
+    "checkpoint_slots": int,
+    "checkpoint_reserve_blocks": int,
+    "decode_boundary_saves": bool,
 }
+MAX_CHECKPOINT_SLOTS = 4096
 MAX_THREADS = 8  # data-plane threads per kind: copies are memory-bound, more only contend
 #: Size settings of the connector itself (same syntax as the store's: 67108864, "64MB", ...).
 _SIZE_SETTINGS = ("staging_buffer_bytes",)
@@ -101,7 +117,9 @@ def parse_settings(extra: dict[str, Any] | None, kv_role: str | None) -> Setting
     """Validate ``kv_connector_extra_config``; raise :class:`ConfigError` listing every problem.
 
     Keys are the connector's own (``store``, ``namespace``, ``put_batch_size``,
-    ``staging_buffer_bytes``, ``enable_lookup``, ``load_async``, ``save_decode_cache``) plus
+    ``staging_buffer_bytes``, ``enable_lookup``, ``load_async``, ``save_decode_cache``, the
+    reuse extension's ``turn_end_checkpoints``, ``checkpoint_slots``,
+    ``checkpoint_reserve_blocks``, ``decode_boundary_saves``) plus
     the chosen store's settings (``tailproof.impl.stores.StoreConfig`` fields, e.g.
     ``master_address``), given flat.
     """
@@ -152,6 +170,12 @@ def parse_settings(extra: dict[str, Any] | None, kv_role: str | None) -> Setting
         val = extra.get(key)
         if isinstance(val, int) and not isinstance(val, bool) and val > MAX_THREADS:
             problems.append(f"{key} must be at most {MAX_THREADS}, got {val}")
+    val = extra.get("checkpoint_slots")
+    if isinstance(val, int) and not isinstance(val, bool) and not 1 <= val <= MAX_CHECKPOINT_SLOTS:
+        problems.append(f"checkpoint_slots must be in 1..{MAX_CHECKPOINT_SLOTS}, got {val}")
+    val = extra.get("checkpoint_reserve_blocks")
+    if isinstance(val, int) and not isinstance(val, bool) and val < 0:
+        problems.append(f"checkpoint_reserve_blocks must be >= 0, got {val}")
     ns = extra.get("namespace")
     if isinstance(ns, str) and (not ns or "@" in ns):
         problems.append(f"namespace must be non-empty and contain no '@', got {ns!r}")
@@ -348,3 +372,28 @@ def geometry_from_vllm(vllm_config: Any, kv_cache_config: Any) -> StoreGeometry:
     if problems:
         raise ConfigError(problems)
     return geo
+
+
+def check_reuse_extension(settings: Settings, geo: StoreGeometry, vllm_config: Any,
+                          kv_cache_config: Any) -> list[str]:
+    """Why the reuse extension (docs/reuse.md, "Limits") cannot run on this engine (empty when
+    it can, or when it is off): a speculative step does not end on a known boundary, and a
+    sliding window's store mask would need its own rule."""
+    on = [k for k in ("turn_end_checkpoints", "decode_boundary_saves") if getattr(settings, k)]
+    if not on:
+        return []
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    why: list[str] = []
+    if getattr(vllm_config, "speculative_config", None) is not None or geo.use_eagle:
+        why.append("speculative decoding is configured")
+    if geo.window_group_ids:
+        groups = sorted(geo.core_group_ids[g] for g in geo.window_group_ids)
+        why.append(f"KV cache group(s) {groups} use a sliding window")
+    for gid in geo.core_group_ids:
+        spec = kv_cache_config.kv_cache_groups[gid].kv_cache_spec
+        if isinstance(spec, MambaSpec) and spec.num_speculative_blocks:
+            why.append(f"Mamba KV cache group {gid} has {spec.num_speculative_blocks} "
+                       "speculative block(s)")
+    return [f"{key}=true is not supported here: {w} (docs/reuse.md, Limits)"
+            for key in on for w in why]

@@ -42,6 +42,7 @@ from tailproof.impl.config import (
     ConfigError,
     Settings,
     StoreGeometry,
+    check_reuse_extension,
     check_store_placement,
     geometry_from_vllm,
     parse_settings,
@@ -149,6 +150,8 @@ class TailproofConnector(KVConnectorBase_V1, SupportsHMA):
                 "load_async=false needs a single KV cache group: a failed synchronous load is "
                 "reported by block id, which vLLM cannot map back to requests with several "
                 "groups (it would crash instead of recomputing)"])
+        if reuse := check_reuse_extension(self.settings, self.geo, vllm_config, kv_cache_config):
+            raise ConfigError(reuse)
         par = vllm_config.parallel_config
         # Workers of this engine (TP x PP): each stores its own shard, each reports every job.
         self.world = par.tensor_parallel_size * par.pipeline_parallel_size
@@ -215,7 +218,9 @@ class TailproofConnector(KVConnectorBase_V1, SupportsHMA):
     def request_finished_all_groups(
         self, request: Any, block_ids: tuple[list[int], ...]
     ) -> tuple[bool, dict[str, Any] | None]:
-        # Store jobs hold their own block references: a finishing request never waits.
+        """Flush the request's turn-end checkpoint, if any (``SchedulerSide.finish_turn``).
+        Store jobs hold their own block references: a finishing request never waits."""
+        self._sched().finish_turn(request, block_ids)
         return False, None
 
     def register_finished_partial_tail(

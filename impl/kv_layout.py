@@ -148,6 +148,17 @@ class KVLayout:
             dst_t.copy_(src_t[off : off + n].view(dst_t.shape), non_blocking=True)
             off += n
 
+    def copy_block(self, group: int, src: int, dst: int) -> int:
+        """Copy block ``src`` of every tensor of ``group`` onto block ``dst`` (device to device,
+        on the current CUDA stream on a GPU); returns the bytes copied."""
+        if self._np_blocks is not None:
+            for arr in self._np_blocks[group]:
+                np.copyto(arr[dst], arr[src])
+        else:
+            for t in self._blocks[group]:
+                t[dst].copy_(t[src], non_blocking=True)
+        return self.block_nbytes[group]
+
     @staticmethod
     def _rows(seg: Segment, block_ids: Sequence[int], device: torch.device) -> torch.Tensor:
         ids = torch.as_tensor(list(block_ids), dtype=torch.long)

@@ -38,6 +38,18 @@ class TailKeyBoundary(NamedTuple):
     num_tokens: int
 
 
+class Snapshot(NamedTuple):
+    """Copy the Mamba state of store group ``group`` from the request's running state block
+    ``src_block`` into its snapshot block ``slot_block``, after this step's forward: the slot
+    then holds the state of the prefix ``boundary`` (docs/reuse.md, rules 1-2)."""
+
+    req_id: str
+    group: int
+    src_block: int
+    slot_block: int
+    boundary: int
+
+
 @dataclass(kw_only=True)
 class LoadJob:
     """Load ``[vllm_cached_tokens, kvpool_cached_tokens)`` of a request into its freshly
@@ -75,6 +87,9 @@ class StoreJob:
     num_prompt_tokens: int = 0  # fixes the checkpoint ck(P) whose tail is published
     prefill_end_tokens: int = 0  # replay boundary of the store mask (sparse retention only)
     epoch: str = "0"  # the scheduler's key epoch when it emitted the job (``keys.KeySpace``)
+    # Decode-time aligned Mamba boundaries accepted this step (``decode_boundary_saves``): the
+    # job also puts the attention blocks up to each (``turn_end_attention_puts``) when pinned.
+    decode_boundaries: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -85,6 +100,8 @@ class TailproofMeta(KVConnectorMetadata):
     stores: list[StoreJob] = field(default_factory=list)
     preempted_req_ids: set[str] = field(default_factory=set)
     finished_req_ids: set[str] = field(default_factory=set)
+    # Snapshot copies the workers make after this step's forward, before its store jobs.
+    snapshots: list[Snapshot] = field(default_factory=list)
 
 
 @dataclass

@@ -21,7 +21,12 @@ a shared body would compare a function with itself. Pure arithmetic is shared in
   (``tail_put_range``) because normal saves stop at the lcm floor;
 * every block a store job may read is pinned (``block_pool.touch``) when the job is emitted
   and released exactly once, when every worker reported the job; so requests never delay
-  their own free (``request_finished_all_groups`` answers ``(False, None)``).
+  their own free (``request_finished_all_groups`` answers ``(False, None)``);
+* reuse extension (``docs/reuse.md``, off by default): with ``turn_end_checkpoints`` a step
+  that ends on a hash boundary past ck(P) has the running Mamba state copied into the
+  request's snapshot blocks (taken from vLLM's block pool, bounded), and at finish the last
+  snapshot is stored once with the attention KV up to it (:meth:`SchedulerSide.finish_turn`);
+  with ``decode_boundary_saves`` the core's decode-time aligned Mamba states are stored too.
 """
 
 from __future__ import annotations
@@ -36,13 +41,20 @@ from tailproof.impl.lookup import StoreLookup
 from tailproof.impl.meta import (
     BoundaryPut,
     LoadJob,
+    Snapshot,
     StoreJob,
     TailKeyBoundary,
     TailproofMeta,
     TailproofWorkerMeta,
 )
 from tailproof.impl.metrics import SchedulerMetrics
-from tailproof.spec.arithmetic import NULL_BLOCK_ID, partial_tail_puts
+from tailproof.spec.arithmetic import (
+    NULL_BLOCK_ID,
+    partial_tail_puts,
+    running_state_index,
+    snapshot_due,
+    turn_end_attention_puts,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +115,13 @@ class SchedulerSide:
         # that answers `exists` but fails `get` would make vLLM retry the load forever).
         self.load_failed: set[str] = set()
         self._eagle_margins = tuple(geo.eagle_proof_margin(g) for g in range(geo.num_groups))
+        # Reuse extension (docs/reuse.md): rid -> (snapshot block per Mamba store group, in
+        # store order; the boundary their content is the state of).
+        self.snapshot_slots: dict[str, tuple[list[int], int]] = {}
+        self.finished_turn_ends: dict[str, StoreJob] = {}
+        self._mamba_groups = tuple(g for g in range(geo.num_groups) if geo.is_mamba[g])
+        self._step_end: dict[str, int] = {}  # rid -> real tokens computed after this step
+        self.reuse_disabled = False  # set once if a step shows what the extension refuses
 
     # ------------------------------------------------------------------ lookup / alloc
 
@@ -156,18 +175,25 @@ class SchedulerSide:
         """Turn one ``SchedulerOutput`` into the workers' loads and pinned store jobs."""
         consumer = self.settings.is_consumer
         for rid in so.finished_req_ids:
+            self.release_snapshot(rid)  # finish_turn normally did; a no-op then
             self.load_failed.discard(rid)
             self.load_specs.pop(rid, None)
             self.request_trackers.pop(rid, None)
             self.unfinished_requests.pop(rid, None)
         preempted = set(so.preempted_req_ids or ())
         for rid in preempted:
+            self.release_snapshot(rid)  # rule 4: its state is recomputed
             self.load_specs.pop(rid, None)
             if (t := self.request_trackers.get(rid)) is not None:
                 t.reset()
             self.unfinished_requests.pop(rid, None)
         meta = TailproofMeta(preempted_req_ids=preempted,
                              finished_req_ids=set(so.finished_req_ids))
+        extension = self.settings.reuse_extension and not consumer and not self.reuse_disabled
+        if extension:
+            self._check_step_supported(so)
+            extension = not self.reuse_disabled
+            self._step_end = self._step_ends(so) if extension else {}
         pending: list[StoreJob] = []
         scheduled_new = {r.req_id for r in so.scheduled_new_reqs}
         for nr in so.scheduled_new_reqs:
@@ -204,9 +230,165 @@ class SchedulerSide:
                 s.block_ids = tuple(list(table[g]) for g in self.geo.core_group_ids)
         pending.extend(self.finished_partial_tails.values())
         self.finished_partial_tails.clear()
+        pending.extend(self.finished_turn_ends.values())
+        self.finished_turn_ends.clear()
         for s in pending:
             meta.stores.append(self._pin(s))
+        if extension and self.settings.turn_end_checkpoints and state is not None:
+            self._take_snapshots(so, state, meta)
+        self._step_end = {}
         return meta
+
+    # ------------------------------------------------------------------ reuse extension
+
+    def _check_step_supported(self, so: Any) -> None:
+        """Disable the extension (one logged error) when a step shows speculative tokens: the
+        config check refuses speculative decoding, this catches what it could not see; a
+        snapshot of a step that does not end on a known boundary would store wrong bytes."""
+        if not getattr(so, "scheduled_spec_decode_tokens", None):
+            return
+        logger.error("TailproofConnector: a step scheduled speculative tokens; turn-end "
+                     "checkpoints and decode boundary saves are disabled (docs/reuse.md, "
+                     "Limits)")
+        self.reuse_disabled = True
+        for rid in list(self.snapshot_slots):
+            self.release_snapshot(rid)
+
+    def _step_ends(self, so: Any) -> dict[str, int]:
+        """Per scheduled request, in vLLM's order (new, then ``CachedRequestData``: running,
+        then resumed): computed tokens at schedule time + the step's real tokens."""
+        out: dict[str, int] = {}
+        sched = so.num_scheduled_tokens
+        cached = so.scheduled_cached_reqs
+        rows = [(nr.req_id, nr.num_computed_tokens) for nr in so.scheduled_new_reqs]
+        rows += zip(cached.req_ids, cached.num_computed_tokens, strict=True)
+        for rid, computed in rows:
+            ent = self.unfinished_requests.get(rid)
+            if ent is None:
+                continue
+            real = max(0, min(sched[rid], ent[0].num_tokens - computed))
+            out[rid] = computed + real
+        return out
+
+    def _take_snapshots(self, so: Any, state: Any, meta: TailproofMeta) -> None:
+        """Rule 1: every request whose step ends on a hash boundary past ck(P) gets its running
+        Mamba state copied into its snapshot blocks (taken now if it has none and the bounds
+        allow; otherwise skipped, counted)."""
+        geo = self.geo
+        if not self._mamba_groups:
+            return
+        h = geo.hash_block_size
+        for rid, n in self._step_end.items():
+            req = self.unfinished_requests[rid][0]
+            if not snapshot_due(n, req.num_prompt_tokens, h, geo.use_eagle):
+                continue
+            srcs = self._snapshot_sources(state.get_block_ids(rid), n)
+            if srcs is None:
+                self.metrics.c.inc("snapshots_no_source")
+                continue
+            slots = self._snapshot_blocks(rid)
+            if slots is None:
+                self.metrics.c.inc("snapshots_skipped")
+                continue
+            self.snapshot_slots[rid] = (slots, n)
+            meta.snapshots += [Snapshot(rid, g, src, slot, n)
+                               for g, src, slot in zip(self._mamba_groups, srcs, slots,
+                                                       strict=True)]
+            self.metrics.c.inc("snapshots_taken")
+
+    def _snapshot_sources(self, table: Any, n: int) -> list[int] | None:
+        """The running state block of every Mamba group after ``n`` tokens (None when any is
+        missing or the null block: never a snapshot of the null block)."""
+        if table is None:
+            return None
+        out: list[int] = []
+        for g in self._mamba_groups:
+            ids = table[self.geo.core_group_ids[g]]
+            i = running_state_index(n, self.geo.block_sizes[g])
+            if i >= len(ids) or ids[i] == NULL_BLOCK_ID:
+                return None
+            out.append(ids[i])
+        return out
+
+    def _snapshot_blocks(self, rid: str) -> list[int] | None:
+        """The request's snapshot blocks (overwritten), or new ones from vLLM's pool
+        (``BlockPool.get_new_blocks``, one reference held by the connector) if fewer than
+        ``checkpoint_slots`` requests hold some and the pool keeps ``checkpoint_reserve_blocks``
+        free blocks; else None."""
+        held = self.snapshot_slots.get(rid)
+        if held is not None:
+            return held[0]
+        k = len(self._mamba_groups)
+        if len(self.snapshot_slots) >= self.settings.checkpoint_slots:
+            return None
+        if self.pool.get_num_free_blocks() - k < self.settings.checkpoint_reserve_blocks:
+            return None
+        return [b.block_id for b in self.pool.get_new_blocks(k)]
+
+    def release_snapshot(self, rid: str) -> None:
+        """Drop the connector's reference on ``rid``'s snapshot blocks (if it holds any)."""
+        held = self.snapshot_slots.pop(rid, None)
+        if held is not None:
+            blocks = self.pool.blocks
+            self.pool.free_blocks([blocks[b] for b in held[0]])
+
+    def finish_turn(self, request: Any, block_ids: tuple[list[int], ...]) -> StoreJob | None:
+        """Rule 3, at finish (``request_finished_all_groups``, before the core frees the
+        request's blocks; ``block_ids`` per core group): store the last snapshot once -- the
+        attention KV up to its boundary, then the snapshot blocks under its key. The job pins
+        its blocks now, then the connector's own reference on the slots is dropped; the job is
+        emitted with the next meta. Without a flush the slots are just released."""
+        rid = request.request_id
+        held = self.snapshot_slots.get(rid)
+        if held is None:
+            return None
+        slots, b = held
+        t = self.request_trackers.get(rid)
+        geo = self.geo
+        job = None
+        if (self.settings.is_producer and t is not None and b <= request.num_computed_tokens
+                and b // geo.hash_block_size <= len(request.block_hashes)):
+            ids = tuple(list(block_ids[g]) for g in geo.core_group_ids)
+            attn = turn_end_attention_puts(
+                boundary=b, saved_tokens=t.num_saved_tokens,
+                completed_token_len=request.num_computed_tokens,
+                num_hashes=len(request.block_hashes), block_ids=ids,
+                block_sizes=geo.block_sizes, is_mamba=geo.is_mamba,
+                eagle_margins=self._eagle_margins, hash_block_size=geo.hash_block_size)
+            puts = [BoundaryPut(*p) for p in attn]
+            puts += [BoundaryPut(g, slot, b) for g, slot in zip(self._mamba_groups, slots,
+                                                                 strict=True)]
+            job = StoreJob(req_id=rid, token_len_chunk=0, block_ids=ids,
+                           block_hashes=list(request.block_hashes), boundary_puts=puts,
+                           completed_token_len=request.num_computed_tokens,
+                           num_prompt_tokens=request.num_prompt_tokens)
+            job.store_job_id = self._take_pins(list(dict.fromkeys(p.block_id for p in puts)))
+            if rid in self.finished_turn_ends:
+                raise AssertionError(f"{rid}: second turn-end flush")
+            self.finished_turn_ends[rid] = job
+            self.metrics.c.inc("turn_end_jobs")
+        else:
+            self.metrics.c.inc("turn_end_not_flushed")
+        self.release_snapshot(rid)
+        return job
+
+    def _decode_boundary_puts(self, s: StoreJob) -> list[BoundaryPut]:
+        """Rule 5: the attention blocks up to each accepted decode boundary of ``s``
+        (deduplicated, in boundary order), over the job's current block table."""
+        t = self.request_trackers.get(s.req_id)
+        if t is None:
+            return []
+        geo = self.geo
+        seen: dict[BoundaryPut, None] = {}
+        for b in s.decode_boundaries:
+            for p in turn_end_attention_puts(
+                    boundary=b, saved_tokens=t.num_saved_tokens,
+                    completed_token_len=s.completed_token_len,
+                    num_hashes=len(s.block_hashes), block_ids=s.block_ids,
+                    block_sizes=geo.block_sizes, is_mamba=geo.is_mamba,
+                    eagle_margins=self._eagle_margins, hash_block_size=geo.hash_block_size):
+                seen[BoundaryPut(*p)] = None
+        return list(seen)
 
     def _new_request(self, nr: Any, so: Any, pending: list[StoreJob], saves: bool,
                      meta: TailproofMeta) -> None:
@@ -314,24 +496,31 @@ class SchedulerSide:
             accepted = self._accept(entries, t.prefill_end_tokens)
             if not accepted:
                 continue
+            decode = sorted({p.num_tokens for p in accepted if p.num_tokens > t.prefill_end_tokens})
             if (s := by_req.get(rid)) is not None:
                 s.boundary_puts = accepted
+                s.decode_boundaries = decode
                 continue
             req = ent[0]
+            completed = self._step_end.get(rid, t.token_len) if decode else t.token_len
             s = StoreJob(req_id=rid, token_len_chunk=0, block_ids=t.allocated_block_ids,
                          block_hashes=req.block_hashes, boundary_puts=accepted,
-                         completed_token_len=t.token_len,
-                         num_prompt_tokens=req.num_prompt_tokens)
+                         completed_token_len=completed,
+                         num_prompt_tokens=req.num_prompt_tokens, decode_boundaries=decode)
             pending.append(s)
             by_req[rid] = s
 
     def _accept(
         self, entries: Iterable[tuple[int, int, int]], prefill_end_tokens: int
     ) -> list[BoundaryPut]:
+        """The hand-offs a producer stores: Mamba groups, non-null, at or below the prefill end
+        -- or past it too with ``decode_boundary_saves`` (rule 5; vLLM 0.33 drops those)."""
         out: list[BoundaryPut] = []
+        decode_ok = self.settings.decode_boundary_saves and not self.reuse_disabled
         for core_group, block_id, boundary in entries:
             g = self.geo.store_index(core_group)
-            if boundary > prefill_end_tokens or block_id == NULL_BLOCK_ID or g is None:
+            past = boundary > prefill_end_tokens and not decode_ok
+            if past or block_id == NULL_BLOCK_ID or g is None:
                 self.metrics.offloads_dropped += 1
                 continue
             if not self.geo.is_mamba[g]:
@@ -361,6 +550,8 @@ class SchedulerSide:
     def _pin(self, s: StoreJob) -> StoreJob:
         """Assign a job id and take one GPU reference per distinct block the job may read."""
         if s.store_job_id is None:
+            if s.decode_boundaries:
+                s.boundary_puts = [*self._decode_boundary_puts(s), *s.boundary_puts]
             if tail := self.partial_tail_puts(s):
                 s.boundary_puts = [*tail, *s.boundary_puts]
             ids = dict.fromkeys(p.block_id for p in s.boundary_puts)

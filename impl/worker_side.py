@@ -337,9 +337,12 @@ class WorkerSide:
     # ------------------------------------------------------------------ saves
 
     def wait_for_save(self, meta: TailproofMeta) -> None:
-        """Queue this step's store jobs for the sender(s), then retire ended requests. On a
-        GPU one CUDA event, recorded now on the step's stream, orders every job's copies
-        after this step's forward and CoW copies; nothing here waits."""
+        """Copy this step's snapshots, queue its store jobs for the sender(s), then retire
+        ended requests. On a GPU the snapshot copies are queued on the step's stream after its
+        forward, and one CUDA event, recorded after them, orders every job's copies after this
+        step's forward, CoW copies and snapshots; nothing here waits."""
+        if meta.snapshots:
+            self.copy_snapshots(meta)
         if self.settings.can_put and meta.stores:
             event = None
             if self.copy_stream is not None:
@@ -348,6 +351,19 @@ class WorkerSide:
             for job in meta.stores:
                 self.add_request(job, event)
         self.close_ended_store_requests(meta.finished_req_ids, meta.preempted_req_ids)
+
+    def copy_snapshots(self, meta: TailproofMeta) -> None:
+        """Rule 2 of docs/reuse.md: each snapshot's Mamba state (every state tensor of every
+        layer of its group) ``src -> slot``, synchronously on the current stream: ``slot`` then
+        holds the state of the prefix ``boundary`` (this step's forward wrote ``src``)."""
+        assert self.layout is not None
+        n = 0
+        for snap in meta.snapshots:
+            if snap.src_block == NULL_BLOCK_ID or snap.slot_block == NULL_BLOCK_ID:
+                raise AssertionError(f"snapshot of {snap.req_id} names the null block")
+            n += self.layout.copy_block(snap.group, snap.src_block, snap.slot_block)
+        self.metrics.c.inc("snapshot_copies", len(meta.snapshots))
+        self.metrics.c.inc("snapshot_copy_bytes", n)
 
     def add_request(self, job: StoreJob, event: Any = None) -> None:
         """Register a job as live for its request and queue it (``add_request``); when the
