@@ -308,6 +308,31 @@ def flush_pins_two_workers() -> Case:
     return c
 
 
+def pinned_slot_not_reused() -> Case:
+    c = case("conn_x09_pinned_slot_not_reused",
+             "Rule 3 / I14 in a 10-block pool (reserve 0): A's turn-end job holds the slot (state "
+             "at 16) by its pin alone once the connector dropped its reference at finish. B's "
+             "33-token prompt, admitted before the workers run, takes the free blocks but never "
+             "the pinned slot, so the flush put still reads the state at 16 (impl: checked byte "
+             "for byte). A slot left unpinned goes back to the pool at finish, B's forward "
+             "overwrites it and the put stores B's state under A's key.",
+             config(G16, 4, num_blocks=10, checkpoint_reserve_blocks=0))
+    c.add("A", [rng(0, 13)])
+    c.step(admit=("A",))
+    c.step(run=("A",))
+    c.op("worker_run")
+    c.op("worker_report")
+    decode(c, "A", 500, 5)
+    finish(c, "A", 505)
+    c.add("B", [rng(300, 333)])
+    c.step(admit=("B",), finished=("A",))
+    c.op("snapshot")
+    c.op("worker_run")
+    c.op("worker_report")
+    c.op("store_keys")
+    return c
+
+
 BUILDERS: list[Callable[[], Case]] = [
     two_turn_chat,
     last_snapshot_flushed,
@@ -317,6 +342,7 @@ BUILDERS: list[Callable[[], Case]] = [
     finish_above_computed,
     decode_boundary_saves,
     flush_pins_two_workers,
+    pinned_slot_not_reused,
 ]
 
 if __name__ == "__main__":
