@@ -126,3 +126,53 @@ def test_local_hostname_and_metadata_server_are_validated() -> None:
     (p,) = _problems({**base, "metadata_server": "http://x:1/metadata\n"})
     assert "metadata_server" in p
     assert parse_settings({**base, "metadata_server": "http://127.0.0.1:8080/metadata"}, None)
+
+
+def test_reuse_extension_settings_validated() -> None:
+    s = parse_settings({"turn_end_checkpoints": True, "checkpoint_slots": 8,
+                        "checkpoint_reserve_blocks": 0, "decode_boundary_saves": True}, None)
+    assert s.turn_end_checkpoints and s.decode_boundary_saves and s.reuse_extension
+    assert (s.checkpoint_slots, s.checkpoint_reserve_blocks) == (8, 0)
+    d = parse_settings({}, None)
+    assert not d.reuse_extension and (d.checkpoint_slots, d.checkpoint_reserve_blocks) == (32, 4)
+    with pytest.raises(ConfigError) as ei:
+        parse_settings({"turn_end_checkpoints": 1, "checkpoint_slots": 4097,
+                        "checkpoint_reserve_blocks": -1, "decode_boundary_saves": "no"}, None)
+    assert len(ei.value.problems) == 4
+    for needle in ("turn_end_checkpoints must be bool", "checkpoint_slots must be in 1..4096",
+                   "checkpoint_reserve_blocks must be >= 0", "decode_boundary_saves must be bool"):
+        assert needle in str(ei.value)
+    with pytest.raises(ConfigError, match="checkpoint_slots must be in"):
+        parse_settings({"checkpoint_slots": 0}, None)
+
+
+def test_reuse_extension_refuses_speculation_and_windows() -> None:
+    """docs/reuse.md, Limits: speculative decoding, Mamba speculative blocks and sliding
+    windows are refused with the extension on (each problem names the setting)."""
+    from types import SimpleNamespace
+
+    import torch
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
+
+    from tailproof.impl.config import check_reuse_extension
+
+    fa = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=8, dtype=torch.float32)
+    mamba = MambaSpec(block_size=16, shapes=((3,), (5,)), dtypes=(torch.float32,) * 2,
+                      mamba_cache_mode="align", num_speculative_blocks=2)
+    kvc = SimpleNamespace(kv_cache_groups=[SimpleNamespace(kv_cache_spec=fa),
+                                           SimpleNamespace(kv_cache_spec=mamba)])
+    geo = StoreGeometry(core_group_ids=(0, 1), block_sizes=(16, 16), is_mamba=(False, True),
+                        hash_block_size=4, lcm_block_size=16, partial_hits=True,
+                        use_eagle=False, window_group_ids=frozenset({0}))
+    vc = SimpleNamespace(speculative_config=object())
+    on = parse_settings({"decode_boundary_saves": True}, None)
+    probs = check_reuse_extension(on, geo, vc, kvc)
+    assert len(probs) == 3 and all(p.startswith("decode_boundary_saves=true") for p in probs)
+    assert check_reuse_extension(parse_settings({}, None), geo, vc, kvc) == []
+    plain = StoreGeometry(core_group_ids=(0, 1), block_sizes=(16, 16), is_mamba=(False, True),
+                          hash_block_size=4, lcm_block_size=16, partial_hits=True,
+                          use_eagle=False)
+    kvc.kv_cache_groups[1].kv_cache_spec = MambaSpec(
+        block_size=16, shapes=((3,), (5,)), dtypes=(torch.float32,) * 2,
+        mamba_cache_mode="align")
+    assert check_reuse_extension(on, plain, SimpleNamespace(speculative_config=None), kvc) == []

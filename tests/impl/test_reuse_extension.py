@@ -1,0 +1,84 @@
+"""The turn-end checkpoint extension (docs/reuse.md) under vLLM 0.33's real Scheduler on CPU.
+
+A 2-turn conversation: turn 1 runs on a producer with the extension on; turn 2 (turn 1's prompt
++ response + new text) runs on a fresh engine and must resume at turn 1's last computed hash
+boundary, every loaded byte checked by ``engine_sim``. With the extension off the hit stays at
+the prompt's own checkpoint ck(P).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from engine_sim import Engine  # noqa: E402
+
+pytestmark = pytest.mark.vllm
+
+A = list(range(10, 55))  # 45 tokens: ck(45) = 44 with h=4
+EXT = {"turn_end_checkpoints": True, "decode_boundary_saves": True}
+
+
+@pytest.fixture
+def store_ns(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
+    yield {"store": "memory", "namespace": f"t-{request.node.name}"[:60].replace("@", "_"),
+           "capacity_bytes": 1 << 26}
+
+
+def _turn1(cfg: dict[str, Any], max_tokens: int) -> tuple[Engine, list[int]]:
+    e = Engine(cfg)
+    req = e.add("t1", list(A), max_tokens=max_tokens)
+    e.run(200)
+    assert [x for log in e.log for x in log.byte_errors] == []
+    assert e.conn.scheduler_side.pinned_saves == {}
+    assert e.refcounts() == {}  # snapshot blocks and pins all released
+    assert e.conn.scheduler_side.snapshot_slots == {}
+    return e, list(req.all_token_ids)
+
+
+def _turn2(cfg: dict[str, Any], tokens: list[int]) -> list[tuple[int, int]]:
+    e = Engine(cfg)
+    e.add("t2", tokens + [7] * 10, max_tokens=1)
+    logs = e.run(200)
+    assert [x for log in e.log for x in log.byte_errors] == []
+    loads = [(j.vllm_cached_tokens, j.kvpool_cached_tokens) for log in logs for j in log.loads]
+    e.shutdown()
+    return loads
+
+
+@pytest.mark.parametrize(("max_tokens", "last"), [(20, 64), (22, 64), (16, 60), (17, 60)])
+def test_second_turn_resumes_at_first_turns_last_boundary(store_ns: dict, max_tokens: int,
+                                                         last: int) -> None:
+    """Turn 1: 45 prompt + ``max_tokens`` outputs (one fewer computed): turn 2 loads
+    [0, last) byte-exact, ``last`` the last hash boundary turn 1 computed."""
+    e1, tokens = _turn1({**store_ns, **EXT}, max_tokens)
+    side = e1.conn.scheduler_side
+    assert side.metrics.c.total("snapshots_taken") == len(range(48, last + 1, 4))  # past ck=44
+    assert side.metrics.c.total("turn_end_jobs") == 1
+    copies = sum(s.get("snapshot_copy_bytes", 0) for log in e1.log for s in log.worker_stats)
+    assert copies > 0
+    assert _turn2({**store_ns, **EXT}, tokens) == [(0, last)]
+    e1.shutdown()  # the last user closes the (process-shared) memory store
+
+
+@pytest.mark.parametrize(("ext", "hit"), [
+    ({"turn_end_checkpoints": True}, 60),  # the snapshot at 60
+    ({"decode_boundary_saves": True}, 48),  # the decode-time Mamba block boundary (B=16)
+])
+def test_each_half_of_the_extension_alone(store_ns: dict, ext: dict, hit: int) -> None:
+    """Turn 1 computes 60 tokens: turn-end checkpoints alone store 60; decode boundary saves
+    alone store the last aligned Mamba state, 48."""
+    e1, tokens = _turn1({**store_ns, **ext}, 16)
+    assert _turn2(dict(store_ns), tokens) == [(0, hit)]
+    e1.shutdown()
+
+
+def test_extension_off_hit_stays_at_prompt_checkpoint(store_ns: dict) -> None:
+    e1, tokens = _turn1(dict(store_ns), 20)
+    assert e1.conn.scheduler_side.metrics.c.total("snapshots_taken") == 0
+    assert _turn2(dict(store_ns), tokens) == [(0, 44)]
+    e1.shutdown()
