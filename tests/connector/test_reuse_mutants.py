@@ -56,3 +56,16 @@ def test_mutant_stores_wrong_bytes(mutant: Any, traces: list[Any]) -> None:
             errors += [op["op"] for op in t.ops
                        if (o := d.apply(op)) is not None and o.get("error") == "KVByteMismatch"]
     assert "worker_run" in errors
+
+
+def test_mutate_cli_scores_the_extension_mutants(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from tailproof.conformance.cli import main
+
+    assert main(["mutate", "--extension", "--list"]) == 0
+    assert all(m.id in capsys.readouterr().out for m in MUTANTS)
+    assert main(["mutate", "--extension", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) == {m.id for m in MUTANTS}
+    assert all(k is not None and k["trace"].startswith("conn_x") for k in out.values())
