@@ -333,6 +333,28 @@ def pinned_slot_not_reused() -> Case:
     return c
 
 
+def finished_without_tracker() -> Case:
+    c = case("conn_x10_finished_first_releases_slot_no_tracker",
+             "Rules 3-4 edge: A holds a snapshot block (state at 16) when a step lists it as "
+             "finished before its finish hook ran (an order vLLM never issues). That step drops "
+             "A's tracker and releases the slot (slots empty, free count up); the finish hook "
+             "then finds no snapshot and no tracker: no partial tail, turn_end null, nothing "
+             "pinned.",
+             config(G16, 4))
+    c.add("A", [rng(0, 13)])
+    c.step(admit=("A",))
+    c.step(run=("A",))
+    decode(c, "A", 500, 4)
+    c.op("conn_state")
+    c.op("append_output", rid="A", tokens=[504])
+    c.step(finished=("A",))
+    c.op("conn_state")
+    c.op("conn_finish", rid="A")
+    c.op("free", rid="A")
+    c.op("snapshot")
+    return c
+
+
 BUILDERS: list[Callable[[], Case]] = [
     two_turn_chat,
     last_snapshot_flushed,
@@ -343,6 +365,7 @@ BUILDERS: list[Callable[[], Case]] = [
     decode_boundary_saves,
     flush_pins_two_workers,
     pinned_slot_not_reused,
+    finished_without_tracker,
 ]
 
 if __name__ == "__main__":
