@@ -1,5 +1,7 @@
 """Prefix reuse on vLLM 0.33's real ``Scheduler`` on CPU: device cache only vs
-``TailproofConnector`` as vLLM 0.33 does it (memory store), the baseline of the reuse work.
+``TailproofConnector`` as vLLM 0.33 does it (memory store), the baseline of the reuse work, vs
+``TailproofConnector`` with the reuse extension (``docs/reuse.md``: ``turn_end_checkpoints``
+and ``decode_boundary_saves`` on).
 
 Workloads (token streams fixed by the seed; "sampling" is ``engine_sim.Engine.next_token``, so
 both variants see the same responses):
@@ -22,7 +24,8 @@ Per workload and variant: hit/oracle, where hit is the prefix reused at a reques
 scheduled step (device plus store) and the oracle the longest prefix its prompt shares with
 tokens an earlier request had computed before that step, capped at prompt - 1, floored to h;
 prefill tokens over the minimum (prompt tokens less the oracle); engine steps (``schedule``
-calls while requests remain); store bytes written (the workers' ``put_bytes``). The misses
+calls while requests remain); store bytes written (the workers' ``put_bytes``); the extension's
+extra device-to-device copy bytes per request (the workers' ``snapshot_copy_bytes``). The misses
 (oracle - hit) are split by where they lie relative to the earlier request the oracle matched:
 ``junction`` (the shared prefix ends inside that request's prompt), ``preempted`` and ``prompt``
 (below its prompt-tail checkpoint ck = floor_h(prompt - 1) although its whole prompt is
@@ -84,6 +87,7 @@ class Result(ReuseRatios):
     prefill: int = 0
     steps: int = 0
     put_bytes: int = 0
+    copy_bytes: int = 0  # snapshot copies (reuse extension), all workers
     requests: int = 0
     preempted: int = 0
     misses: dict[str, int] = field(default_factory=lambda: dict.fromkeys(MISS_KINDS, 0))
@@ -110,6 +114,8 @@ class DeviceOnly:
 
         self.sched = junction_reuse.make_scheduler(False, False, num_blocks, max_batched, BLOCK)
         self.next_token = Engine.next_token
+
+    copy_bytes = 0  # no snapshot copies without a connector
 
     def step(self) -> tuple[dict[str, int], list[str], int, int]:
         from vllm.v1.outputs import ModelRunnerOutput
@@ -138,10 +144,13 @@ class WithConnector:
     """``engine_sim.Engine``: vLLM's ``Scheduler`` building ``TailproofConnector`` (memory
     store) from its ``KVTransferConfig``, workers simulated with byte checks of every load."""
 
-    def __init__(self, num_blocks: int, max_batched: int, namespace: str):
+    def __init__(self, num_blocks: int, max_batched: int, namespace: str,
+                 extra: dict[str, Any] | None = None):
         from engine_sim import Engine
 
-        self.engine = Engine({"store": "memory", "namespace": namespace}, num_blocks=num_blocks,
+        cfg = {"store": "memory", "namespace": namespace, **(extra or {})}
+        self.copy_bytes = 0
+        self.engine = Engine(cfg, num_blocks=num_blocks,
                              groups=(("full_attention", BLOCK), ("mamba", BLOCK)), h=H,
                              max_batched=max_batched, max_model_len=MAX_LEN)
         self.sched = self.engine.sched
@@ -150,6 +159,7 @@ class WithConnector:
         log = self.engine.step()
         if log.byte_errors:
             raise RuntimeError(f"load byte mismatch: {log.byte_errors[0]}")
+        self.copy_bytes += sum(s.get("snapshot_copy_bytes", 0) for s in log.worker_stats)
         return (log.scheduled, log.finished,
                 sum(s.get("put_bytes", 0) for s in log.worker_stats), len(log.preempted))
 
@@ -309,20 +319,25 @@ WORKLOADS: dict[str, tuple[Callable[[Driver, random.Random, Sizes], None], bool]
     "agent": (agent, False),
     "resend": (resend, False),
 }
-VARIANTS = ("device", "connector")
+VARIANTS = ("device", "connector", "extension")
+#: ``kv_connector_extra_config`` of the ``extension`` variant (docs/reuse.md).
+EXTENSION = {"turn_end_checkpoints": True, "decode_boundary_saves": True}
 
 
 def run(workload: str, variant: str, seed: int, sizes: Sizes) -> Result:
     """One workload under one variant; the seed fixes every token and length."""
     build, small = WORKLOADS[workload]
     blocks = sizes.small_blocks if small else LARGE_BLOCKS
+    ns = f"reuse-{workload}-{seed}"  # the memory store closes with its engine
     engine: Any = (DeviceOnly(blocks, sizes.max_batched) if variant == "device" else
-                   WithConnector(blocks, sizes.max_batched, f"reuse-{workload}-{seed}"))
+                   WithConnector(blocks, sizes.max_batched, ns,
+                                 EXTENSION if variant == "extension" else None))
     result = Result(workload, variant)
     driver = Driver(engine, result)
     try:
         build(driver, random.Random(f"{workload.split('-')[0]}:{seed}"), sizes)
         result.put_bytes += engine.settle()
+        result.copy_bytes = engine.copy_bytes
     finally:
         engine.shutdown()
     return result
@@ -333,13 +348,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS))
     ap.add_argument("--small-blocks", type=int, default=Sizes.small_blocks)
+    ap.add_argument("--checkpoint-reserve", type=int, default=None,
+                    help="checkpoint_reserve_blocks of the extension variant (default: the "
+                         "connector's default)")
     args = ap.parse_args(argv)
+    if args.checkpoint_reserve is not None:
+        EXTENSION["checkpoint_reserve_blocks"] = args.checkpoint_reserve
     sizes = Sizes(small_blocks=args.small_blocks)
     print(f"load {os.getloadavg()[0]:.2f} (1 min); seeds {args.seeds}; Mamba/FA block {BLOCK}, "
           f"h {H}, max_num_batched_tokens {sizes.max_batched}, device blocks {LARGE_BLOCKS} "
-          f"(small {sizes.small_blocks})")
+          f"(small {sizes.small_blocks}); extension {EXTENSION}")
     print("workload    seed variant    reqs hit/oracle  hit     oracle  prefill/min  steps  "
-          "store MB  preempt  misses " + "/".join(MISS_KINDS))
+          "store MB  preempt  misses " + "/".join(MISS_KINDS) + "  copy KB/req")
     for workload in args.workloads:
         for seed in args.seeds:
             for variant in VARIANTS:
@@ -347,7 +367,8 @@ def main(argv: list[str] | None = None) -> int:
                 miss = "/".join(str(r.misses[k]) for k in MISS_KINDS)
                 print(f"{workload:<11} {seed:<4} {variant:<10} {r.requests:<4} {r.ratio:10.3f}  "
                       f"{r.hit:<7} {r.oracle:<7} {r.prefill_over_min:<12.3f} {r.steps:<6} "
-                      f"{r.put_bytes / 1e6:<9.2f} {r.preempted:<8} {miss}", flush=True)
+                      f"{r.put_bytes / 1e6:<9.2f} {r.preempted:<8} {miss}  "
+                      f"{r.copy_bytes / 1e3 / max(1, r.requests):.1f}", flush=True)
     return 0
 
 

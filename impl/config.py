@@ -61,6 +61,9 @@ class Settings:
     checkpoint_slots: int = 32  # requests holding snapshot blocks at once (1..4096)
     checkpoint_reserve_blocks: int = 4  # free pool blocks a snapshot block must leave
     decode_boundary_saves: bool = False  # also store decode-time aligned Mamba states
+    # With the extension on: a lookup whose prompt extends a Mamba boundary an in-flight store
+    # job is putting (a turn that arrives as its predecessor finishes) waits for that job.
+    checkpoint_lookup_wait: bool = True
 
     @property
     def reuse_extension(self) -> bool:
@@ -98,6 +101,7 @@ _SETTING_TYPES: dict[str, type | tuple[type, ...]] = {
     "checkpoint_slots": int,
     "checkpoint_reserve_blocks": int,
     "decode_boundary_saves": bool,
+    "checkpoint_lookup_wait": bool,
 }
 MAX_CHECKPOINT_SLOTS = 4096
 MAX_THREADS = 8  # data-plane threads per kind: copies are memory-bound, more only contend
@@ -119,7 +123,7 @@ def parse_settings(extra: dict[str, Any] | None, kv_role: str | None) -> Setting
     Keys are the connector's own (``store``, ``namespace``, ``put_batch_size``,
     ``staging_buffer_bytes``, ``enable_lookup``, ``load_async``, ``save_decode_cache``, the
     reuse extension's ``turn_end_checkpoints``, ``checkpoint_slots``,
-    ``checkpoint_reserve_blocks``, ``decode_boundary_saves``) plus
+    ``checkpoint_reserve_blocks``, ``decode_boundary_saves``, ``checkpoint_lookup_wait``) plus
     the chosen store's settings (``tailproof.impl.stores.StoreConfig`` fields, e.g.
     ``master_address``), given flat.
     """

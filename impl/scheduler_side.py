@@ -122,13 +122,19 @@ class SchedulerSide:
         self._mamba_groups = tuple(g for g in range(geo.num_groups) if geo.is_mamba[g])
         self._step_end: dict[str, int] = {}  # rid -> real tokens computed after this step
         self.reuse_disabled = False  # set once if a step shows what the extension refuses
+        # Lookup wait (docs/reuse.md, rule 7): key hash of a Mamba boundary an in-flight job
+        # puts -> [boundary, jobs putting it]; job -> those hashes.
+        self._inflight: dict[bytes, list[int]] = {}
+        self._job_keys: dict[int, list[bytes]] = {}
+        self._track_inflight = settings.reuse_extension and settings.checkpoint_lookup_wait
 
     # ------------------------------------------------------------------ lookup / alloc
 
     def bind_gpu_block_pool(self, pool: Any) -> None:
         self.pool = pool
 
-    def get_num_new_matched_tokens(self, request: Any, num_computed: int) -> tuple[int, bool]:
+    def get_num_new_matched_tokens(self, request: Any,
+                                   num_computed: int) -> tuple[int | None, bool]:
         """External tokens beyond the (block-aligned) local hit, and whether the load is async."""
         if not self.settings.enable_lookup or self.lookup_client is None:
             return 0, False
@@ -141,6 +147,9 @@ class SchedulerSide:
                              request.request_id)
             self.metrics.lookup_errors += 1
             return 0, False
+        if self._inflight and self._awaits_inflight(request, max(res.hit_length, num_computed)):
+            self.metrics.c.inc("lookups_deferred")
+            return None, False  # vLLM asks again next step (``Scheduler.schedule``: skipped)
         self.metrics.record_lookup(request.num_tokens, res.hit_length, self.geo.lcm_block_size)
         need = res.hit_length - num_computed
         if need <= 0:
@@ -241,6 +250,39 @@ class SchedulerSide:
 
     # ------------------------------------------------------------------ reuse extension
 
+    def _awaits_inflight(self, request: Any, hit: int) -> bool:
+        """Rule 7: whether ``request``'s prompt extends, past ``hit``, a Mamba boundary an
+        in-flight store job is putting -- a turn sent as its predecessor finished would
+        otherwise look up before the flush landed and resume at ck(P)."""
+        h = self.geo.hash_block_size
+        hashes = request.block_hashes
+        for hh, (b, _) in self._inflight.items():
+            if hit < b < request.num_tokens and b // h <= len(hashes) and hashes[b // h - 1] == hh:
+                return True
+        return False
+
+    def _register_inflight(self, s: StoreJob) -> None:
+        """Remember the Mamba boundary keys of a pinned job until its pins are released."""
+        if s.store_job_id not in self.pinned_saves:
+            return  # nothing pinned, nothing released later: never a key to wait on
+        h, mamba = self.geo.hash_block_size, self.geo.is_mamba
+        keys = []
+        for p in s.boundary_puts:
+            if mamba[p.group_id] and 0 < p.num_tokens // h <= len(s.block_hashes):
+                hh = s.block_hashes[p.num_tokens // h - 1]
+                ent = self._inflight.setdefault(hh, [p.num_tokens, 0])
+                ent[1] += 1
+                keys.append(hh)
+        if keys:
+            self._job_keys[s.store_job_id] = keys  # type: ignore[index]
+
+    def _release_inflight(self, job: int) -> None:
+        for hh in self._job_keys.pop(job, ()):
+            ent = self._inflight[hh]
+            ent[1] -= 1
+            if ent[1] == 0:
+                del self._inflight[hh]
+
     def _check_step_supported(self, so: Any) -> None:
         """Disable the extension (one logged error) when a step shows speculative tokens: the
         config check refuses speculative decoding, this catches what it could not see; a
@@ -256,18 +298,19 @@ class SchedulerSide:
 
     def _step_ends(self, so: Any) -> dict[str, int]:
         """Per scheduled request, in vLLM's order (new, then ``CachedRequestData``: running,
-        then resumed): computed tokens at schedule time + the step's real tokens."""
+        then resumed): computed tokens at schedule time + the step's real tokens, i.e. where
+        this step's forward leaves the request. Every scheduled non-draft token is real,
+        including the placeholder of a token still being sampled under async scheduling
+        (vLLM 0.33's default): not ``num_tokens - computed``, which misses that one."""
         out: dict[str, int] = {}
         sched = so.num_scheduled_tokens
+        drafts = getattr(so, "scheduled_spec_decode_tokens", None) or {}
         cached = so.scheduled_cached_reqs
         rows = [(nr.req_id, nr.num_computed_tokens) for nr in so.scheduled_new_reqs]
         rows += zip(cached.req_ids, cached.num_computed_tokens, strict=True)
         for rid, computed in rows:
-            ent = self.unfinished_requests.get(rid)
-            if ent is None:
-                continue
-            real = max(0, min(sched[rid], ent[0].num_tokens - computed))
-            out[rid] = computed + real
+            if rid in self.unfinished_requests:
+                out[rid] = computed + sched[rid] - len(drafts.get(rid, ()))
         return out
 
     def _take_snapshots(self, so: Any, state: Any, meta: TailproofMeta) -> None:
@@ -363,6 +406,8 @@ class SchedulerSide:
                            completed_token_len=request.num_computed_tokens,
                            num_prompt_tokens=request.num_prompt_tokens)
             job.store_job_id = self._take_pins(list(dict.fromkeys(p.block_id for p in puts)))
+            if self._track_inflight:
+                self._register_inflight(job)
             if rid in self.finished_turn_ends:
                 raise AssertionError(f"{rid}: second turn-end flush")
             self.finished_turn_ends[rid] = job
@@ -565,6 +610,8 @@ class SchedulerSide:
                         ids.update(dict.fromkeys(table))
                 ids.pop(NULL_BLOCK_ID, None)  # null table entries are never read
             s.store_job_id = self._take_pins(list(ids))
+            if self._track_inflight:
+                self._register_inflight(s)
         return s
 
     def _take_pins(self, ids: list[int]) -> int:
@@ -618,6 +665,8 @@ class SchedulerSide:
         if rid in self.finished_partial_tails:
             raise AssertionError(f"{rid}: second finish-time hand-off")
         s.store_job_id = self._take_pins(list(dict.fromkeys(p.block_id for p in s.boundary_puts)))
+        if self._track_inflight:
+            self._register_inflight(s)
         self.finished_partial_tails[rid] = s
         return False
 
@@ -639,6 +688,8 @@ class SchedulerSide:
             if left < 0:
                 raise AssertionError(f"store job {job} reported by too many workers")
             del self.pinned_saves[job]
+            if self._job_keys:
+                self._release_inflight(job)
             self.pool.free_blocks(self.pool.blocks[b] for b in reversed(ids))
             self.metrics.pinned_blocks -= len(ids)
 

@@ -82,3 +82,39 @@ def test_extension_off_hit_stays_at_prompt_checkpoint(store_ns: dict) -> None:
     assert e1.conn.scheduler_side.metrics.c.total("snapshots_taken") == 0
     assert _turn2(dict(store_ns), tokens) == [(0, 44)]
     e1.shutdown()
+
+
+def test_next_turn_sent_at_finish_waits_for_the_flush(store_ns: dict) -> None:
+    """Rule 7: turn 2 is added in the step turn 1 finished (before the flush job was even
+    emitted); its lookup is deferred until the flush landed, then it loads [48, 60): the
+    device cache holds the aligned Mamba state at 48, the store the turn-end one at 60."""
+    e = Engine({**store_ns, **EXT})
+    req = e.add("t1", list(A), max_tokens=16)
+    while not any("t1" in log.finished for log in e.log[-1:]):
+        e.step()
+    e.add("t2", list(req.all_token_ids) + [7] * 10, max_tokens=1)
+    logs = e.run(200)
+    assert [x for log in e.log for x in log.byte_errors] == []
+    loads = [(j.vllm_cached_tokens, j.kvpool_cached_tokens) for log in logs for j in log.loads]
+    assert loads == [(48, 60)]
+    assert e.conn.scheduler_side.metrics.c.total("lookups_deferred") >= 1
+    assert e.conn.scheduler_side.pinned_saves == {} and e.refcounts() == {}
+    e.shutdown()
+
+
+def test_next_turn_without_lookup_wait_resumes_at_checkpoint(store_ns: dict) -> None:
+    """The same without the wait: the lookup runs before the flush landed (the race rule 7
+    closes), so turn 2 resumes at the device's aligned Mamba state, 48."""
+    e = Engine({**store_ns, **EXT, "checkpoint_lookup_wait": False})
+    req = e.add("t1", list(A), max_tokens=16)
+    while not any("t1" in log.finished for log in e.log[-1:]):
+        e.step()
+    t2 = e.add("t2", list(req.all_token_ids) + [7] * 10, max_tokens=1)
+    logs = e.run(200)
+    assert [x for log in e.log for x in log.byte_errors] == []
+    loads = [(j.vllm_cached_tokens, j.kvpool_cached_tokens) for log in logs for j in log.loads]
+    assert e.conn.scheduler_side.metrics.c.total("lookups_deferred") == 0
+    assert loads == []
+    computed = sum(log.scheduled.get("t2", 0) for log in logs)  # max_tokens=1: prefill only
+    assert computed == t2.num_prompt_tokens - 48
+    e.shutdown()

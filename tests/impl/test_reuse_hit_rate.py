@@ -1,5 +1,6 @@
 """Smoke test of ``benchmarks/reuse_hit_rate.py`` at a reduced size: the counts are sane and
-deterministic, and the store path beats the device cache where the device pool is small."""
+deterministic, the store path beats the device cache where the device pool is small, and the
+reuse extension (``docs/reuse.md``) is never worse than the connector without it."""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ def test_counts_are_sane(results: dict) -> None:
         assert r.prefill_over_min >= 1.0, (w, v)
         # Every missed token is attributed to exactly one kind.
         assert sum(r.misses.values()) == r.oracle - r.hit, (w, v, r.misses)
-        assert (r.put_bytes > 0) == (v == "connector"), (w, v, r.put_bytes)
+        assert (r.put_bytes > 0) == (v != "device"), (w, v, r.put_bytes)
+        assert (r.copy_bytes > 0) <= (v == "extension"), (w, v, r.copy_bytes)
 
 
 def test_store_path_and_resend(results: dict) -> None:
@@ -42,6 +44,23 @@ def test_store_path_and_resend(results: dict) -> None:
     # streams, not of the variant.
     for w in ("chat-large", "resend"):
         assert results[w, "device"].oracle == results[w, "connector"].oracle, w
+        assert results[w, "extension"].oracle == results[w, "connector"].oracle, w
+
+
+def test_extension_never_worse_than_connector(results: dict) -> None:
+    """Turn-end checkpoints and decode boundary saves only add keys: never a lower hit/oracle
+    or more prefill; on chat-large (next turns sent at finish, lookups wait for the flush)
+    every response is reused."""
+    from benchmarks import reuse_hit_rate as rh
+
+    for w in rh.WORKLOADS:
+        ext, conn = results[w, "extension"], results[w, "connector"]
+        assert ext.ratio >= conn.ratio, (w, ext.ratio, conn.ratio)
+        assert ext.prefill_over_min <= conn.prefill_over_min, w
+    large = results["chat-large", "extension"]
+    assert large.ratio == 1.0 and large.misses["response"] == 0
+    assert results["chat-large", "connector"].misses["response"] > 0
+    assert large.copy_bytes > 0
 
 
 def test_deterministic(results: dict) -> None:

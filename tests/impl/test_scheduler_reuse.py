@@ -265,3 +265,47 @@ def test_decode_boundary_saves(on: bool) -> None:
                                  BoundaryPut(1, mamba[3], 64)]
     assert t.refs([fa[2], fa[3], mamba[3]]) == [2, 2, 2]
     assert t.side.request_trackers["r"].num_saved_tokens == 32  # keyed puts: offset unmoved
+
+
+@pytest.mark.parametrize("wait", [True, False])
+def test_lookup_waits_for_an_inflight_flush(wait: bool) -> None:
+    """Rule 7: a lookup whose prompt extends the boundary an in-flight flush puts (and whose
+    hit is below it) is deferred (``None``: vLLM asks again) until the job is reported."""
+    from tailproof.impl.lookup import LookupResult
+
+    t = Harness(replace(ON, checkpoint_lookup_wait=wait))
+    req = t.add("r", 45)
+    t.step(new=("r",), sched=45)
+    t.decode_to("r", 53)
+    t.report_all()
+    job = t.side.finish_turn(req, t.tables["r"])
+    assert job is not None
+    nxt = Req("n", 60)  # the stand-in's hashes are positional: it extends "r"'s prefix 52
+    store_hit = [44]
+    t.side.lookup_client = SimpleNamespace(
+        lookup=lambda n, hashes: LookupResult(store_hit[0], ()))
+    t.side.update_state_after_alloc(nxt, None, 0)
+    assert t.side.get_num_new_matched_tokens(nxt, 0) == ((None, False) if wait else (44, True))
+    short = Req("s", 50)  # its prompt ends before 52: nothing to wait for
+    assert t.side.get_num_new_matched_tokens(short, 0) == (44, True)
+    t.step(finished=("r",))
+    still = t.side.get_num_new_matched_tokens(nxt, 0)  # emitted, not reported yet
+    assert still == ((None, False) if wait else (44, True))
+    t.report_all()
+    store_hit[0] = 52
+    assert t.side.get_num_new_matched_tokens(nxt, 0) == (52, True)
+    assert t.side.metrics.c.total("lookups_deferred") == (2 if wait else 0)
+
+
+def test_async_scheduling_placeholder_counts_as_computed() -> None:
+    """Under async scheduling (vLLM 0.33's default) a decode step is scheduled before the
+    previous step's token is appended: the request has num_tokens == computed, yet the step's
+    forward still ends one token later -- the snapshot is keyed there (48), not at 47."""
+    t = Harness()
+    req = t.add("r", 45)
+    t.step(new=("r",), sched=45)
+    t.decode_to("r", 47)
+    req.all_token_ids.pop()  # the token step 47 samples is still in flight
+    assert req.num_tokens == req.num_computed_tokens == 47
+    (snap,) = t.step(cached=("r",)).snapshots
+    assert (snap.boundary, snap.src_block) == (48, t.tables["r"][1][2])

@@ -240,3 +240,40 @@ def test_cuda_kv_roundtrip_with_pinned_staging() -> None:
     settle(w2)
     assert w2.take_transfer_results() == ({"B"}, set())
     assert r2.check("B", TOKENS, 0, 44, ctab) == []
+
+
+@pytest.mark.parametrize("device", [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="no CUDA GPU: the step-stream ordering needs one")),
+])
+def test_snapshot_copy_then_flush_is_byte_exact(device: str) -> None:
+    """docs/reuse.md rules 2-3 on the worker: the step ending at 52 has its running Mamba state
+    (block 6) copied into slot 20 in ``wait_for_save``; later steps overwrite block 6 in place;
+    the flush job, queued steps later, puts slot 20 under 52 and a load at 52 is byte-exact
+    (on a GPU the copy and the forwards are ordered on the step's stream)."""
+    from tailproof.impl.meta import Snapshot
+
+    store = MemoryStore()
+    w, runner = make_worker(store, device=device)
+    tables = ([1, 2, 3, 4], [0, 0, 0, 6])
+    runner.forward("A", TOKENS, 0, 52, tables)
+    w.wait_for_save(TailproofMeta(snapshots=[Snapshot("A", 1, 6, 20, 52)]))
+    assert w.metrics.c.total("snapshot_copy_bytes") == w.layout.block_nbytes[1]
+    for end in (53, 54, 55):  # decode steps overwrite the running state block
+        runner.forward("A", TOKENS, end - 1, end, tables)
+        w.wait_for_save(TailproofMeta())
+    flush = save(0, "A", 0, tables, HASHES, [BoundaryPut(0, 4, 52), BoundaryPut(1, 20, 52)])
+    w.wait_for_save(TailproofMeta(stores=[flush], finished_req_ids={"A"}))
+    settle(w)
+    assert w.completed_saves == {0: 1}
+    w2, r2 = make_worker(store, device=device)
+    ctab = ([7, 8, 9, 10], [0, 0, 0, 11])
+    w2.start_load(TailproofMeta(loads=[LoadJob(
+        req_id="B", block_ids=ctab, block_hashes=HASHES, vllm_cached_tokens=48,
+        kvpool_cached_tokens=52, tail_key_boundaries=(TailKeyBoundary(0, 52),
+                                                      TailKeyBoundary(1, 52)))]))
+    settle(w2)
+    assert w2.take_transfer_results() == ({"B"}, set())
+    assert r2.check("B", TOKENS, 48, 52, ctab) == []
+    assert r2.check("B", TOKENS, 48, 53, ctab) != []  # the check tells the states apart
