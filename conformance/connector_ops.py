@@ -56,6 +56,8 @@ EXTENSION_FIELDS: dict[str, tuple[type, Any]] = {
     "checkpoint_slots": (int, 32),
     "checkpoint_reserve_blocks": (int, 4),
     "decode_boundary_saves": (bool, False),
+    # rule 7 (impl's lookup wait): off in traces unless given (impl's own default is on)
+    "checkpoint_lookup_wait": (bool, False),
 }
 
 

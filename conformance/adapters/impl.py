@@ -230,7 +230,7 @@ class ImplConnector(ConnectorAdapter):
             put_batch_size=1 << 20, staging_buffer_bytes=8 << 20,
             enable_lookup=self.conf["enable_lookup"], load_async=self.conf["load_async"],
             save_decode_cache=self.conf["save_decode_cache"],
-            **{k: self.conf[k] for k in EXTENSION_FIELDS if k in self.conf})
+            **{k: self.conf.get(k, default) for k, (_, default) in EXTENSION_FIELDS.items()})
         self.byte_errors: list[str] = []
         self.job_tokens: dict[int, list[int]] = {}
         self.current_job: int | None = None

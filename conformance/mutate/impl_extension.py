@@ -32,7 +32,8 @@ MUTANTS: list[Mutant] = [
            "the flush keys the snapshot one hash block below its content's boundary: the "
            "state of the prefix b is stored under the key of b - h"),
     Mutant("te-snapshot-one-step-late", SS, "SchedulerSide._step_ends",
-           "out[rid] = computed + real", "out[rid] = computed",
+           "out[rid] = computed + sched[rid] - len(drafts.get(rid, ()))",
+           "out[rid] = computed",
            "the snapshot is due on the computed tokens at schedule time, so it is taken in "
            "the step after the one ending on the boundary: the copy (after that step's "
            "forward) holds the state one token past the boundary it is keyed at"),

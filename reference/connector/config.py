@@ -39,6 +39,7 @@ class ConnectorConfig:
     checkpoint_slots: int = 32
     checkpoint_reserve_blocks: int = 4
     decode_boundary_saves: bool = False
+    checkpoint_lookup_wait: bool = False  # rule 7; impl's deployment default is True
 
     @classmethod
     def from_doc(cls, doc: dict[str, Any] | None) -> ConnectorConfig:
