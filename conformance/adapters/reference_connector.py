@@ -147,9 +147,16 @@ class ReferenceConnector(ConnectorAdapter):
         def lookup() -> Any:
             return store_lookup(self.geo, req.num_tokens, req.block_hashes, self._present)
 
+        inflight = self.sched.inflight
+        defer = None
+        if inflight is not None and inflight.keys:  # EXTENSION rule 7
+
+            def defer(hit: int) -> bool:
+                return inflight.awaits(req.num_tokens, req.block_hashes, hit)
+
         return get_num_new_matched_tokens(
             self.geo, self.cconf.enable_lookup, self.cconf.load_async, self.sched.load_specs, rid,
-            req.num_tokens, num_computed, lookup)
+            req.num_tokens, num_computed, lookup, defer)
 
     def seed(self, rid: str, keys: list[tuple[int, ...]], workers: list[int],
              remove: bool) -> int:

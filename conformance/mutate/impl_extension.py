@@ -43,6 +43,10 @@ MUTANTS: list[Mutant] = [
            " if not geo.is_mamba[p.group_id])))",
            "the flush job does not pin the slots, so dropping the connector's reference at "
            "finish frees them before the workers read them (I14)"),
+    Mutant("te-lookup-wait-never-released", SS, "SchedulerSide.update_connector_output",
+           "self._release_inflight(job)", "pass",
+           "rule 7: a released job's keys are never forgotten, so a lookup extending them "
+           "waits forever (the turn is never admitted)"),
     Mutant("te-snapshot-copy-skipped", WS, "WorkerSide.copy_snapshots",
            "n += self.layout.copy_block(snap.group, snap.src_block, snap.slot_block)",
            "n += 0",

@@ -42,7 +42,12 @@ from tailproof.reference.connector.meta import (
     from_request_tracker,
 )
 from tailproof.reference.connector.tail import NULL_BLOCK_ID, partial_tail_puts
-from tailproof.reference.connector.turn_end import Snapshot, TurnEnd, decode_boundary_puts
+from tailproof.reference.connector.turn_end import (
+    InflightKeys,
+    Snapshot,
+    TurnEnd,
+    decode_boundary_puts,
+)
 
 
 class RequestLike(Protocol):
@@ -100,6 +105,8 @@ class ConnectorScheduler:
         self.turn_end = TurnEnd(conf, geo, pool)
         self.step_snapshots: list[Snapshot] = []
         self.turn_end_jobs: dict[str, ReqMeta] = {}
+        extension = conf.turn_end_checkpoints or conf.decode_boundary_saves
+        self.inflight = InflightKeys(geo) if extension and conf.checkpoint_lookup_wait else None
 
     # --- admission ---------------------------------------------------------------------
 
@@ -312,6 +319,12 @@ class ConnectorScheduler:
                 continue
             self.pinned_saves[job.store_job_id] = (ids, self.num_workers)
             self.pool.touch_ids(ids)
+            self._register_inflight(job)
+
+    def _register_inflight(self, job: ReqMeta) -> None:
+        """EXTENSION rule 7: a pinned job's Mamba keys are waited on until it is released."""
+        if self.inflight is not None:
+            self.inflight.register(job)
 
     # --- finish-time hand-off ----------------------------------------------------------
 
@@ -351,6 +364,7 @@ class ConnectorScheduler:
         self.next_store_job_id += 1
         self.pinned_saves[job.store_job_id] = (ids, self.num_workers)
         self.pool.touch_ids(ids)
+        self._register_inflight(job)
         self.finished_partial_tails[request.request_id] = job
         t.has_pending_offload = True
         return job
@@ -374,6 +388,7 @@ class ConnectorScheduler:
         ids = list(dict.fromkeys(p.block_id for p in job.boundary_puts))
         self.pinned_saves[job.store_job_id] = (ids, self.num_workers)
         self.pool.touch_ids(ids)
+        self._register_inflight(job)
         self.turn_end.release(rid)
         self.turn_end_jobs[rid] = job
         return job
@@ -394,6 +409,8 @@ class ConnectorScheduler:
                 continue
             assert remaining == 0, f"store job {job_id} reported by too many ranks"
             del self.pinned_saves[job_id]
+            if self.inflight is not None:
+                self.inflight.release(job_id)  # EXTENSION rule 7
             self.pool.free_ids(list(reversed(ids)))
             released.append(job_id)
         return released

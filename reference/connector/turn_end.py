@@ -8,7 +8,10 @@ points and is otherwise vLLM 0.33's Mooncake scheduler:
   the copies themselves are the worker's, rule 2) and, for the step's hand-offs,
   :func:`decode_boundary_puts` (rule 5);
 - at preemption: :meth:`TurnEnd.release` (rule 4);
-- at finish, after the finish-time partial tail: :meth:`TurnEnd.flush` (rule 3).
+- at finish, after the finish-time partial tail: :meth:`TurnEnd.flush` (rule 3);
+- with ``checkpoint_lookup_wait`` (rule 7): every pinned job's Mamba keys are remembered in
+  :class:`InflightKeys` until its pins are released, and a lookup extending one of them past
+  its hit waits (``get_num_new_matched_tokens`` answers None).
 
 Snapshot blocks ("slots") are ordinary KV blocks taken from the core's block pool, one per
 Mamba group per request, held with one reference until the request ends or is preempted; a
@@ -81,6 +84,45 @@ def decode_boundary_puts(geo: StoreGeometry, boundaries: list[int], tracker: Req
             if p not in out:
                 out.append(p)
     return out
+
+
+class InflightKeys:
+    """Rule 7: the Mamba boundary keys of pinned store jobs, ``key hash -> [boundary, jobs]``
+    (the first boundary registered under a hash is kept), until the jobs' pins are released."""
+
+    def __init__(self, geo: StoreGeometry) -> None:
+        self.geo = geo
+        self.keys: dict[bytes, list[int]] = {}
+        self.job_keys: dict[int, list[bytes]] = {}
+
+    def register(self, job: ReqMeta) -> None:
+        """A job that pinned blocks: remember the key of each of its Mamba puts."""
+        h = self.geo.hash_block_size
+        keys = []
+        for p in job.boundary_puts:
+            if p.group_id in self.geo.mamba_group_ids and 0 < p.num_tokens // h <= len(
+                    job.block_hashes):
+                key = bytes(job.block_hashes[p.num_tokens // h - 1])
+                self.keys.setdefault(key, [p.num_tokens, 0])[1] += 1
+                keys.append(key)
+        if keys:
+            assert job.store_job_id is not None
+            self.job_keys[job.store_job_id] = keys
+
+    def release(self, job_id: int) -> None:
+        """The job's pins were released: forget its keys."""
+        for key in self.job_keys.pop(job_id, ()):
+            entry = self.keys[key]
+            entry[1] -= 1
+            if entry[1] == 0:
+                del self.keys[key]
+
+    def awaits(self, num_tokens: int, block_hashes: Sequence[bytes], hit: int) -> bool:
+        """Whether a request's prompt extends, past ``hit``, a key an in-flight job puts."""
+        h = self.geo.hash_block_size
+        return any(hit < b < num_tokens and b // h <= len(block_hashes)
+                   and bytes(block_hashes[b // h - 1]) == key
+                   for key, (b, _) in self.keys.items())
 
 
 class TurnEnd:

@@ -355,6 +355,57 @@ def finished_without_tracker() -> Case:
     return c
 
 
+def lookup_waits_for_flush() -> Case:
+    c = case("conn_x11_lookup_waits_for_inflight_flush",
+             "Rule 7 (checkpoint_lookup_wait, impl's lookup wait, modelled by the reference): "
+             "turn 2 of A arrives as A finishes, while A's turn-end job (Mamba key 20) and its "
+             "prompt-tail job (key 12) are still pinned. Its connector lookup answers None "
+             "(ext null): vLLM skips it this step, while an unrelated request C is admitted "
+             "normally. Once the workers ran and reported, the keys are forgotten with the "
+             "pins, and the next step admits turn 2: A's blocks still cached locally give 16, "
+             "the store the rest up to 20 (4 tokens loaded, the Mamba state at 20 byte-exact).",
+             config(G16, 4, checkpoint_lookup_wait=True))
+    c.add("A", [rng(0, 13)])
+    c.step(admit=("A",))
+    c.step(run=("A",))
+    decode(c, "A", 500, 9)
+    finish(c, "A", 509)
+    c.op("reset")
+    c.add("B", [of("A", 13), rng(500, 510), rng(600, 606)])
+    c.add("C", [rng(300, 313)])
+    c.step(admit=("B", "C"), finished=("A",))
+    c.op("worker_run")
+    c.op("worker_report")
+    c.step(run=("C",), admit=("B",))
+    c.op("table", rid="B")
+    return c
+
+
+def failed_flush_ends_the_wait() -> Case:
+    c = case("conn_x12_failed_flush_ends_lookup_wait",
+             "Rule 7's bound: turn 2 of A waits while A's turn-end job is pinned (ext null), "
+             "then the job's put fails (-1: keys 16/20 stay absent) but it still reports, its "
+             "pins are released and its keys forgotten: the next lookup is answered (the store "
+             "has only the prompt tail at 12, below the local hit), and turn 2 is admitted "
+             "without a load. A wait that outlived the job would skip the turn forever.",
+             config(G16, 4, checkpoint_lookup_wait=True))
+    c.add("A", [rng(0, 13)])
+    c.step(admit=("A",))
+    c.step(run=("A",))
+    c.op("worker_run")
+    c.op("worker_report")
+    decode(c, "A", 500, 9)
+    finish(c, "A", 509)
+    c.add("B", [of("A", 13), rng(500, 510), rng(600, 606)])
+    c.step(admit=("B",), finished=("A",))
+    c.op("worker_run", store=["error"])
+    c.op("worker_report")
+    c.op("store_keys")
+    c.step(admit=("B",))
+    c.op("table", rid="B")
+    return c
+
+
 BUILDERS: list[Callable[[], Case]] = [
     two_turn_chat,
     last_snapshot_flushed,
@@ -366,6 +417,8 @@ BUILDERS: list[Callable[[], Case]] = [
     flush_pins_two_workers,
     pinned_slot_not_reused,
     finished_without_tracker,
+    lookup_waits_for_flush,
+    failed_flush_ends_the_wait,
 ]
 
 if __name__ == "__main__":

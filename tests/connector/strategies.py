@@ -190,7 +190,8 @@ def connector_trace(draw: st.DrawFn, geometries: list[Geometry] | None = None,
             "turn_end_checkpoints": draw(st.sampled_from([True, True, False])),
             "checkpoint_slots": draw(st.sampled_from([1, 2, 32])),
             "checkpoint_reserve_blocks": draw(st.sampled_from([0, 2, 4])),
-            "decode_boundary_saves": draw(st.booleans())})
+            "decode_boundary_saves": draw(st.booleans()),
+            "checkpoint_lookup_wait": draw(st.booleans())})
         if not connector["turn_end_checkpoints"]:
             connector["decode_boundary_saves"] = True
     config = geometry_config(geometry, draw(st.sampled_from([10, 16, 24, 40])),
