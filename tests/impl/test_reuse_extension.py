@@ -29,8 +29,8 @@ def store_ns(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
            "capacity_bytes": 1 << 26}
 
 
-def _turn1(cfg: dict[str, Any], max_tokens: int) -> tuple[Engine, list[int]]:
-    e = Engine(cfg)
+def _turn1(cfg: dict[str, Any], max_tokens: int, workers: int = 1) -> tuple[Engine, list[int]]:
+    e = Engine(cfg, num_workers=workers)
     req = e.add("t1", list(A), max_tokens=max_tokens)
     e.run(200)
     assert [x for log in e.log for x in log.byte_errors] == []
@@ -40,8 +40,8 @@ def _turn1(cfg: dict[str, Any], max_tokens: int) -> tuple[Engine, list[int]]:
     return e, list(req.all_token_ids)
 
 
-def _turn2(cfg: dict[str, Any], tokens: list[int]) -> list[tuple[int, int]]:
-    e = Engine(cfg)
+def _turn2(cfg: dict[str, Any], tokens: list[int], workers: int = 1) -> list[tuple[int, int]]:
+    e = Engine(cfg, num_workers=workers)
     e.add("t2", tokens + [7] * 10, max_tokens=1)
     logs = e.run(200)
     assert [x for log in e.log for x in log.byte_errors] == []
@@ -63,6 +63,16 @@ def test_second_turn_resumes_at_first_turns_last_boundary(store_ns: dict, max_to
     assert copies > 0
     assert _turn2({**store_ns, **EXT}, tokens) == [(0, last)]
     e1.shutdown()  # the last user closes the (process-shared) memory store
+
+
+def test_two_workers_each_copy_and_flush_their_shard(store_ns: dict) -> None:
+    """Two ranks: each copies its own shard's snapshot and puts it; the flush's pins go only
+    after both reported; turn 2 (two ranks) loads [0, 60) byte-exact from both shards."""
+    e1, tokens = _turn1({**store_ns, **EXT}, 16, workers=2)
+    copies = [s.get("snapshot_copies", 0) for log in e1.log for s in log.worker_stats]
+    assert sum(copies) == 2 * len(range(48, 60 + 1, 4))
+    assert _turn2(dict(store_ns), tokens, workers=2) == [(0, 60)]
+    e1.shutdown()
 
 
 @pytest.mark.parametrize(("ext", "hit"), [
