@@ -1,8 +1,9 @@
 """EXTENSION, not vLLM 0.33: turn-end checkpoints and decode-time block boundaries.
 
-The rules of ``docs/reuse.md`` (rules 1-6), off unless ``config.connector`` turns them on
-(``turn_end_checkpoints``, ``decode_boundary_saves``). ``scheduler.py`` calls in here at three
-points and is otherwise vLLM 0.33's Mooncake scheduler:
+The rules of ``docs/reuse.md`` (rules 1-7), off unless ``config.connector`` turns them on
+(``turn_end_checkpoints``, ``decode_boundary_saves``, ``checkpoint_lookup_wait``).
+``scheduler.py`` and ``lookup.py`` call in here at the points below (marked ``EXTENSION``
+there) and are otherwise vLLM 0.33's Mooncake scheduler:
 
 - per step, after the step's jobs are built and pinned: :meth:`TurnEnd.take_snapshots` (rule 1,
   the copies themselves are the worker's, rule 2) and, for the step's hand-offs,
