@@ -73,6 +73,7 @@ def test_capture_keeps_the_tailproof_extension_keys() -> None:
     cfg = connector_config(SimpleNamespace(kv_transfer_config=ktc,
                                            parallel_config=SimpleNamespace(world_size=1)))
     assert cfg is not None and cfg["turn_end_checkpoints"] and cfg["checkpoint_slots"] == 8
+    assert cfg["checkpoint_lookup_wait"] is True  # impl's default, not the traces' (false)
 
 
 class _Pool:
