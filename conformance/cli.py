@@ -203,6 +203,16 @@ def _print_divergences(results: list[CaseResult], out: TextIO, per_case: int | N
             print(file=out)
 
 
+def _print_refusals(results: list[CaseResult], out: TextIO) -> None:
+    """One line per adapter that refused cases (``adapters.refusal``): how many, and why."""
+    refused: dict[str, list[str]] = {}
+    for r in results:
+        for a, why in r.refused.items():
+            refused.setdefault(a, []).append(why)
+    for a, whys in refused.items():
+        print(f"not run on {a}: {len(whys)} case(s) ({whys[0].split(': ', 1)[-1]})", file=out)
+
+
 def _vllm_line(info: vllm_compat.VllmInfo) -> str:
     if info.version is None:
         return "vLLM not installed"
@@ -258,6 +268,7 @@ def cmd_check(args: argparse.Namespace) -> int:
           + (f"; not run: {'; '.join(not_run.values())}" if not_run else ""), file=sys.stderr)
     results, seconds = _conformance(args, traces, adapters, strict=False, progress=True)
     _print_divergences(results, out, per_case=1)
+    _print_refusals(results, out)
     n_div = sum(len(r.divergences) for r in results)
     print(f"conformance: {len(results)} cases, {sum(len(t.ops) for t in traces)} ops, "
           f"{n_div} divergences, {seconds:.1f}s", file=out)
@@ -331,6 +342,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
             print(format_show(r, parse_range(args.ops, len(r.trace.ops))), file=out)
             print(file=out)
     _print_divergences(results, out, per_case=None)
+    _print_refusals(results, out)
     n_div = sum(len(r.divergences) for r in results)
     print(f"{len(results)} cases, {sum(len(t.ops) for t in traces)} ops, {n_div} divergences, "
           f"{seconds:.1f}s ({', '.join(adapters)}{', strict ids' if args.strict_ids else ''}; "
@@ -373,6 +385,9 @@ def cmd_record(args: argparse.Namespace) -> int:
                          "record one trace, or pass --in-place")
     for trace in traces:
         result = run_trace(trace, [args.adapter], strict=True)
+        if args.adapter in result.refused:
+            raise UsageError(f"{trace.source}: {result.refused[args.adapter]}",
+                             "record it with --adapter reference")
         obs = result.observations[args.adapter]
         doc = trace.raw
         for op_doc, o in zip(doc["ops"], obs, strict=True):

@@ -49,24 +49,64 @@ _CONFIG_FIELDS: dict[str, tuple[type, Any]] = {
     "load_async": (bool, False),
 }
 
+# The turn-end checkpoint extension (``docs/reuse.md``; not in vLLM 0.33). Written out only when
+# given, so a config without them (every vLLM-recorded case, every capture) stays as it is.
+EXTENSION_FIELDS: dict[str, tuple[type, Any]] = {
+    "turn_end_checkpoints": (bool, False),
+    "checkpoint_slots": (int, 32),
+    "checkpoint_reserve_blocks": (int, 4),
+    "decode_boundary_saves": (bool, False),
+    # rule 7 (impl's lookup wait): off in traces unless given (impl's own default is on)
+    "checkpoint_lookup_wait": (bool, False),
+}
+
+
+def _typed(key: str, v: Any, typ: type) -> Any:
+    if not (isinstance(v, typ) and (typ is not int or not isinstance(v, bool))):
+        raise ValueError(f"{key} must be a {typ.__name__}, got {v!r}")
+    return v
+
 
 def validate_connector_config(doc: dict[str, Any]) -> dict[str, Any]:
-    """Normalise ``config.connector``: known keys only, typed, with defaults filled in."""
-    unknown = sorted(set(doc) - set(_CONFIG_FIELDS))
+    """Normalise ``config.connector``: known keys only, typed, with defaults filled in (the
+    extension's keys only when given)."""
+    unknown = sorted(set(doc) - set(_CONFIG_FIELDS) - set(EXTENSION_FIELDS))
     if unknown:
         raise ValueError(f"unknown connector key {unknown[0]!r}")
     out: dict[str, Any] = {}
     for key, (typ, default) in _CONFIG_FIELDS.items():
-        v = doc.get(key, default)
-        ok = isinstance(v, typ) and (typ is not int or not isinstance(v, bool))
-        if not ok:
-            raise ValueError(f"{key} must be a {typ.__name__}, got {v!r}")
-        out[key] = v
+        out[key] = _typed(key, doc.get(key, default), typ)
+    for key, (typ, _) in EXTENSION_FIELDS.items():
+        if key in doc:
+            out[key] = _typed(key, doc[key], typ)
+    if out.get("checkpoint_slots", 1) < 1:
+        raise ValueError(f"checkpoint_slots must be >= 1, got {out['checkpoint_slots']}")
+    if out.get("checkpoint_reserve_blocks", 0) < 0:
+        raise ValueError("checkpoint_reserve_blocks must be >= 0, "
+                         f"got {out['checkpoint_reserve_blocks']}")
     if out["role"] not in ("producer", "consumer", "both"):
         raise ValueError(f"role must be producer, consumer or both, got {out['role']!r}")
     if not 1 <= out["num_workers"] <= 8:
         raise ValueError(f"num_workers must be in 1..8, got {out['num_workers']}")
     return out
+
+
+def extension_on(conf: dict[str, Any] | None) -> bool:
+    """Whether a (normalised) connector section turns on a rule of the turn-end checkpoint
+    extension (``docs/reuse.md``), which vLLM 0.33's connectors do not have."""
+    return bool(conf) and bool(conf.get("turn_end_checkpoints") or
+                               conf.get("decode_boundary_saves"))
+
+
+def extension_refusal(config: Any) -> str | None:
+    """Why a vLLM adapter cannot run a trace: its connector section turns on the extension
+    (running it would silently ignore the setting). None when it can."""
+    conf = getattr(config, "connector", None)
+    if not extension_on(conf):
+        return None
+    on = [k for k in ("turn_end_checkpoints", "decode_boundary_saves") if conf.get(k)]
+    return (f"config.connector.{on[0]} is on: the turn-end checkpoint extension "
+            f"(docs/reuse.md) is not in vLLM 0.33; only reference and impl run it")
 
 
 def connector_config(config: Any) -> dict[str, Any]:
@@ -164,6 +204,8 @@ class ConnectorAdapter:
         self.conf = connector_config(config)
         self.role = ConnectorConfig.from_doc(self.conf)
         self.lcm = config.scheduler_block_size
+        # EXTENSION (docs/reuse.md): the observations of turn-end checkpoints, only when on.
+        self.turn_end = bool(self.conf.get("turn_end_checkpoints"))
         self.running: set[str] = set()
         self.preempted: set[str] = set()
         self.externals: dict[str, int] = {}
@@ -213,8 +255,12 @@ class ConnectorAdapter:
             return tuple(driver.core.table(rid)) if rid in req_ids else None
 
         jobs, loads = self.build(rows, finished, preempted, offloads, table)
-        return {"offered": offload_obs(offloads), "jobs": jobs, "loads": loads,
-                "held": held_obs(self.pinned())}
+        out = {"offered": offload_obs(offloads), "jobs": jobs, "loads": loads,
+               "held": held_obs(self.pinned())}
+        if self.turn_end:
+            out["snapshots"] = [{"rid": r, "group": g, "boundary": b, "src": src, "slot": slot}
+                                for r, g, src, slot, b in self.snapshots()]
+        return out
 
     # --- conn_finish -------------------------------------------------------------------
 
@@ -230,6 +276,8 @@ class ConnectorAdapter:
         out: dict[str, Any] = {"tails": [{"group": g, "boundary": b, "block": blk}
                                          for g, blk, b in tails], "delay": False}
         out["job"] = job
+        if self.turn_end:  # EXTENSION rule 3: after the partial tail
+            out["turn_end"] = self.finish_turn(rid, block_ids)
         out["held"] = held_obs(self.pinned())
         return out
 
@@ -291,9 +339,12 @@ class ConnectorAdapter:
         return {"store": sorted([list(t) for t in self.store_tags()])}
 
     def _op_conn_state(self, op: dict[str, Any], driver: CoreDriver) -> dict[str, Any]:
-        return {"held": held_obs(self.pinned()), "pending_push": bool(self.pinned()),
-                "trackers": self.trackers(),
-                "workers": [self.worker_state(w) for w in range(self.conf["num_workers"])]}
+        out = {"held": held_obs(self.pinned()), "pending_push": bool(self.pinned()),
+               "trackers": self.trackers(),
+               "workers": [self.worker_state(w) for w in range(self.conf["num_workers"])]}
+        if self.turn_end:
+            out["slots"] = {rid: [b, list(ids)] for rid, (ids, b) in sorted(self.slots().items())}
+        return out
 
     # --- implemented by each adapter ---------------------------------------------------
 
@@ -339,4 +390,18 @@ class ConnectorAdapter:
         raise NotImplementedError
 
     def trackers(self) -> dict[str, dict[str, Any]]:
+        raise NotImplementedError
+
+    # EXTENSION (docs/reuse.md): called only with turn_end_checkpoints on.
+
+    def snapshots(self) -> list[tuple[str, int, int, int, int]]:
+        """The last ``conn_step``'s snapshot copies as ``(rid, group, src, slot, boundary)``."""
+        raise NotImplementedError
+
+    def finish_turn(self, rid: str, block_ids: tuple[list[int], ...]) -> dict[str, Any] | None:
+        """The turn-end job registered at finish (as in ``jobs``), or None."""
+        raise NotImplementedError
+
+    def slots(self) -> dict[str, tuple[list[int], int]]:
+        """Snapshot blocks held per request: ``(slot ids in store order, boundary)``."""
         raise NotImplementedError

@@ -116,6 +116,10 @@ class CoreDriver:
         return {"num_hashes": self.core.append_output(op["rid"], op["tokens"])}
 
     def _op_new_step(self, op: dict[str, Any]) -> Observation:
+        # A connector that acts after a step's forward (the extension's snapshot copies,
+        # ``wait_for_save``) learns here that the previous step is over.
+        if (hook := getattr(self.connector, "step_starts", None)) is not None:
+            hook()
         self.core.new_step()
         self.step_allocations.clear()
         self.step_scheduled.clear()

@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from tailproof.conformance.adapters import make_driver
+from tailproof.conformance.adapters import make_driver, refusal
 from tailproof.conformance.compare import Renamer, project, subset_match
 from tailproof.conformance.trace import Trace
 
@@ -44,17 +44,21 @@ class CaseResult:
         return self.trace.name
 
     unsupported: dict[str, list[str]] = field(default_factory=dict)
+    refused: dict[str, str] = field(default_factory=dict)  # adapter -> why it ran nothing
 
     def skipped(self) -> dict[str, dict[str, Any]]:
         """Per adapter: the op names it does not support and the number of ops it ran without
         observing them (after the first unsupported op its block state is no longer
-        comparable: a connector's pins change free counts and refcounts)."""
+        comparable: a connector's pins change free counts and refcounts); an adapter that
+        refused the whole trace (``adapters.refusal``) says why under ``refused``."""
         out: dict[str, dict[str, Any]] = {}
         for a, obs in self.observations.items():
             unobserved = sum(o is None for o in obs)
             if unobserved:
                 out[a] = {"unsupported_ops": self.unsupported.get(a, []),
                           "unobserved_ops": unobserved}
+                if a in self.refused:
+                    out[a]["refused"] = self.refused[a]
         return out
 
 
@@ -73,6 +77,12 @@ def run_trace(trace: Trace, adapters: list[str], strict: bool = False,
     t0 = time.perf_counter()
     result = CaseResult(trace, list(adapters))
     for name in adapters:
+        why = refusal(name, trace.config)
+        if why is not None:  # observed nothing: compared with nothing
+            result.observations[name] = [None] * len(trace.ops)
+            result.unsupported[name] = []
+            result.refused[name] = why
+            continue
         driver = make_driver(name, trace.config, (options or {}).get(name))
         result.observations[name] = [driver.apply(op) for op in trace.ops]
         result.unsupported[name] = sorted({op["op"] for op in trace.ops

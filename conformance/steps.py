@@ -53,6 +53,7 @@ class Steps:
     def __init__(self, emit: Emit, connector: bool = False) -> None:
         self.emit = emit
         self.connector = connector
+        self.deferred = False  # the last sched_lookup answered None (ask again next step)
 
     def begin(self) -> None:
         """``KVCacheManager.new_step_starts``: a new scheduling pass."""
@@ -86,6 +87,7 @@ class Steps:
         if not (self.connector if connector_lookup is None else connector_lookup):
             return hit, None
         res = self.emit(op("sched_lookup", rid=rid)) or {}
+        self.deferred = "ext" in res and res["ext"] is None
         return hit, res.get("external") or 0
 
     def admit(self, rid: str, n: int | str = "plan", external: int = 0,
@@ -93,7 +95,10 @@ class Steps:
               delay_cache: bool = False) -> bool:
         """A waiting request (``Scheduler.schedule``'s waiting loop): ``lookup`` then its first
         chunk with the hit; a connector lookup's external tokens replace ``external``."""
+        self.deferred = False
         _, ext = self.lookup(rid, connector_lookup)
+        if self.deferred:  # get_num_new_matched_tokens answered None: skipped this step
+            return False
         return self.schedule(rid, n, True, external if ext is None else ext, budget, delay_cache)
 
     def drain(self, release: bool | None = None) -> None:

@@ -176,7 +176,24 @@ def _parse_config(doc: Any, source: str) -> TraceConfig:
     connector = doc.get("connector")
     if connector is not None:
         connector = _validate_connector(connector, source)
+        _check_extension(connector, groups, bool(kw.get("use_eagle")), source)
     return TraceConfig(tuple(groups), h, nb, connector=connector, **kw)
+
+
+def _check_extension(connector: dict[str, Any], groups: list[GroupConfig], use_eagle: bool,
+                     source: str) -> None:
+    """The turn-end checkpoint extension refuses speculative decoding and sliding windows
+    (``docs/reuse.md``, "Limits"): a step then does not end on a known boundary."""
+    on = [k for k in ("turn_end_checkpoints", "decode_boundary_saves") if connector.get(k)]
+    if not on:
+        return
+    where = f"config.connector.{on[0]}"
+    if use_eagle or any(g.eagle for g in groups):
+        raise _err(source, where, "the extension refuses EAGLE (speculative decoding)")
+    if any(g.num_speculative_blocks for g in groups):
+        raise _err(source, where, "the extension refuses Mamba speculative blocks")
+    if any(g.kind == "sliding_window" for g in groups):
+        raise _err(source, where, "the extension refuses sliding-window groups")
 
 
 def _validate_connector(doc: Any, source: str) -> dict[str, Any]:

@@ -24,16 +24,20 @@ class AdapterSpec:
     connector: str | None
     summary: str
     takes_options: bool = False  # whether make_driver's ``options`` reach its connector
+    # whether it runs the turn-end checkpoint extension (docs/reuse.md); vLLM 0.33 does not
+    runs_extension: bool = True
 
 
 ADAPTERS: dict[str, AdapterSpec] = {a.name: a for a in [
     AdapterSpec("reference", _REF_CORE,
                 "tailproof.conformance.adapters.reference_connector:ReferenceConnector",
                 "pure-Python reference model (core + connector)"),
-    AdapterSpec("vllm", _VLLM_CORE, None, "vLLM 0.33 KVCacheManager (core ops only)"),
+    AdapterSpec("vllm", _VLLM_CORE, None, "vLLM 0.33 KVCacheManager (core ops only)",
+                runs_extension=False),
     AdapterSpec("vllm-mooncake", _VLLM_CORE,
                 "tailproof.conformance.adapters.vllm_mooncake:VllmMooncakeConnector",
-                "vLLM 0.33 KVCacheManager + MooncakeStoreScheduler + sending thread"),
+                "vLLM 0.33 KVCacheManager + MooncakeStoreScheduler + sending thread",
+                runs_extension=False),
     AdapterSpec("impl", _VLLM_CORE, "tailproof.conformance.adapters.impl:ImplConnector",
                 "vLLM 0.33 KVCacheManager + TailproofConnector with real KV tensors",
                 takes_options=True),
@@ -42,6 +46,23 @@ ADAPTERS: dict[str, AdapterSpec] = {a.name: a for a in [
 
 class AdapterUnavailable(RuntimeError):
     """An adapter whose dependencies (vLLM, torch) are not installed here."""
+
+
+class AdapterRefused(ValueError):
+    """A trace the adapter cannot run faithfully (its config turns on a rule the adapter's
+    engine does not have); the message says why. Replays skip the adapter for that trace."""
+
+
+def refusal(name: str, config: TraceConfig) -> str | None:
+    """Why adapter ``name`` refuses a trace of ``config`` (None: it runs it). The vLLM
+    adapters refuse the turn-end checkpoint extension (``docs/reuse.md``) rather than run
+    the trace without it."""
+    from tailproof.conformance.connector_ops import extension_refusal
+
+    if ADAPTERS[name].runs_extension:
+        return None
+    why = extension_refusal(config)
+    return f"{name}: {why}" if why else None
 
 
 def _load(path: str) -> Any:
@@ -62,6 +83,9 @@ def make_driver(name: str, config: TraceConfig,
     spec = ADAPTERS[name]
     if options and not spec.takes_options:
         raise ValueError(f"adapter {name!r} takes no options, got {sorted(options)}")
+    why = refusal(name, config)
+    if why is not None:
+        raise AdapterRefused(why)
     core = _load(spec.core)(config)
     connector = None
     if spec.connector is not None:

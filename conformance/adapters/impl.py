@@ -39,7 +39,12 @@ import torch
 
 from tailproof.conformance.adapters.runner_sim import GroupShape, SimRunner
 from tailproof.conformance.adapters.vllm_core import scheduler_output
-from tailproof.conformance.connector_ops import ConnectorAdapter, batch_obs, job_obs
+from tailproof.conformance.connector_ops import (
+    EXTENSION_FIELDS,
+    ConnectorAdapter,
+    batch_obs,
+    job_obs,
+)
 from tailproof.impl.config import Settings, StoreGeometry
 from tailproof.impl.connector import build_coordinator
 from tailproof.impl.fingerprint import geometry_fingerprint
@@ -224,10 +229,15 @@ class ImplConnector(ConnectorAdapter):
             kv_role=_ROLE[self.conf["role"]], store=kind, namespace=ns,
             put_batch_size=1 << 20, staging_buffer_bytes=8 << 20,
             enable_lookup=self.conf["enable_lookup"], load_async=self.conf["load_async"],
-            save_decode_cache=self.conf["save_decode_cache"])
+            save_decode_cache=self.conf["save_decode_cache"],
+            **{k: self.conf.get(k, default) for k, (_, default) in EXTENSION_FIELDS.items()})
         self.byte_errors: list[str] = []
         self.job_tokens: dict[int, list[int]] = {}
         self.current_job: int | None = None
+        # EXTENSION (docs/reuse.md): the last conn_step's snapshots, and those whose copies
+        # wait for the step's forward (the commits after the conn_step; see step_starts).
+        self.last_snapshots: list[Any] = []
+        self.pending_snapshots: list[Any] = []
         self.store = ScriptedStore(_inner_store(kind, extra), self._verify_put, n)
         self.keys = KeySpace(ns, geometry_fingerprint(geo).digest, n)
         self.lookup_client = StoreLookup(geo, self.coord, self.store.exists, self.keys, n)
@@ -250,9 +260,28 @@ class ImplConnector(ConnectorAdapter):
 
     # --- KV simulation (KVObserver): forwards on commit, CoW copies when queued ----------
 
+    def step_starts(self) -> None:
+        """The previous step is over (its forward, the commits after its ``conn_step``, has
+        run): every worker makes that step's snapshot copies now (``WorkerSide.copy_snapshots``,
+        what ``wait_for_save`` does after the forward, before queuing the step's jobs; the jobs
+        were queued at ``conn_step``, and none of them reads a slot a copy writes: a flush job
+        is emitted only after the request's last snapshot). Called at ``new_step``, before
+        every connector op and before the next step's CoW copies."""
+        if not self.pending_snapshots:
+            return
+        meta = TailproofMeta(snapshots=self.pending_snapshots)
+        self.pending_snapshots = []
+        for ws in self.workers:
+            ws.copy_snapshots(meta)
+
+    def apply(self, op: dict[str, Any], driver: Any) -> dict[str, Any]:
+        self.step_starts()
+        return super().apply(op, driver)
+
     def copies(self, pairs: list[tuple[int, int]]) -> None:
         """Run each CoW copy as soon as it is queued: before this step's forward, as vLLM's
         worker does (copies precede the forward, and nothing writes in between)."""
+        self.step_starts()
         for runner in self.runners:
             runner.copy_blocks(pairs)
 
@@ -308,6 +337,8 @@ class ImplConnector(ConnectorAdapter):
               table: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         so = scheduler_output(rows, finished, preempted, offloads, table, self.core.requests)
         meta = self.sched.build_connector_meta(so)
+        self.last_snapshots = list(meta.snapshots)
+        self.pending_snapshots = list(meta.snapshots)
         for j in meta.stores:
             if j.store_job_id not in self.job_tokens:
                 self._snapshot(j.store_job_id, j.req_id)
@@ -357,6 +388,21 @@ class ImplConnector(ConnectorAdapter):
         assert s.store_job_id is not None
         self._snapshot(s.store_job_id, rid)
         return self._job_obs(s)
+
+    def snapshots(self) -> list[tuple[str, int, int, int, int]]:
+        return [(s.req_id, s.group, s.src_block, s.slot_block, s.boundary)
+                for s in self.last_snapshots]
+
+    def finish_turn(self, rid: str, block_ids: tuple[list[int], ...]) -> dict[str, Any] | None:
+        job = self.sched.finish_turn(self._req(rid), block_ids)
+        if job is None:
+            return None
+        assert job.store_job_id is not None
+        self._snapshot(job.store_job_id, rid)
+        return self._job_obs(job)
+
+    def slots(self) -> dict[str, tuple[list[int], int]]:
+        return dict(self.sched.snapshot_slots)
 
     def trackers(self) -> dict[str, dict[str, Any]]:
         return {rid: {"token_len": t.token_len, "saved": t.num_saved_tokens,

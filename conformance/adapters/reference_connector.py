@@ -26,6 +26,12 @@ class _PoolById:
     def free_ids(self, ids: list[int]) -> None:
         self.pool.free_blocks([self.pool.blocks[i] for i in ids])
 
+    def take_ids(self, n: int) -> list[int]:
+        return [b.block_id for b in self.pool.get_new_blocks(n)]
+
+    def num_free(self) -> int:
+        return self.pool.get_num_free_blocks()
+
 
 class ReferenceConnector(ConnectorAdapter):
     def __init__(self, config: Any, core_backend: Any) -> None:
@@ -83,6 +89,17 @@ class ReferenceConnector(ConnectorAdapter):
         job = self.sched.register_finished_partial_tail(self._req(rid), block_ids, tails)
         return self._job_obs(job) if job is not None else None
 
+    def snapshots(self) -> list[tuple[str, int, int, int, int]]:
+        return [(s.req_id, s.group, s.src, s.slot, s.boundary)
+                for s in self.sched.step_snapshots]
+
+    def finish_turn(self, rid: str, block_ids: tuple[list[int], ...]) -> dict[str, Any] | None:
+        job = self.sched.finish_turn(self._req(rid), block_ids)
+        return self._job_obs(job) if job is not None else None
+
+    def slots(self) -> dict[str, tuple[list[int], int]]:
+        return dict(self.sched.turn_end.slots)
+
     def trackers(self) -> dict[str, dict[str, Any]]:
         return {rid: {"token_len": t.token_len, "saved": t.num_saved_tokens,
                       "prefill_end": t.prefill_end_tokens, "tail_sent": t.partial_tail_sent}
@@ -130,9 +147,16 @@ class ReferenceConnector(ConnectorAdapter):
         def lookup() -> Any:
             return store_lookup(self.geo, req.num_tokens, req.block_hashes, self._present)
 
+        inflight = self.sched.inflight
+        defer = None
+        if inflight is not None and inflight.keys:  # EXTENSION rule 7
+
+            def defer(hit: int) -> bool:
+                return inflight.awaits(req.num_tokens, req.block_hashes, hit)
+
         return get_num_new_matched_tokens(
             self.geo, self.cconf.enable_lookup, self.cconf.load_async, self.sched.load_specs, rid,
-            req.num_tokens, num_computed, lookup)
+            req.num_tokens, num_computed, lookup, defer)
 
     def seed(self, rid: str, keys: list[tuple[int, ...]], workers: list[int],
              remove: bool) -> int:

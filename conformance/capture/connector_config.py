@@ -9,7 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from tailproof.conformance.connector_ops import validate_connector_config
+from tailproof.conformance.connector_ops import (
+    EXTENSION_FIELDS,
+    extension_on,
+    validate_connector_config,
+)
 
 # Connectors whose scheduler-side semantics the connector ops model (docs/connector-ops.md).
 MODELLED_CONNECTORS = ("MooncakeStoreConnector", "TailproofConnector")
@@ -44,6 +48,12 @@ def connector_config(vllm_config: Any) -> dict[str, Any] | None:
         "enable_lookup": bool(extra.get("enable_lookup", True)),
         "load_async": bool(extra.get("load_async", True)),
     }
+    if ktc.kv_connector == "TailproofConnector":
+        # The turn-end checkpoint extension (docs/reuse.md): its keys only when given, so a
+        # trace of an engine with them on replays them (and the vLLM adapters refuse it).
+        cfg.update({k: extra[k] for k in EXTENSION_FIELDS if k in extra})
+        if extension_on(cfg):  # the connector's own default (Settings), not the traces'
+            cfg.setdefault("checkpoint_lookup_wait", True)
     try:
         return validate_connector_config(cfg)
     except ValueError as e:

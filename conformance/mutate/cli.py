@@ -37,6 +37,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-score", type=float, default=DEFAULT_MIN_SCORE,
                    help="exit 1 when the killed share of non-equivalent mutants is lower")
     p.add_argument("--list", action="store_true", help="list the selected mutants and exit")
+    p.add_argument("--extension", action="store_true",
+                   help="instead: the turn-end checkpoint extension's mutants of tailproof.impl "
+                        "(impl_extension.py) against the conn_x cases on reference,impl")
 
 
 def _progress(i: int, n: int, r: Any) -> None:
@@ -84,10 +87,35 @@ def _check_args(args: argparse.Namespace) -> None:
                          "pass a share, e.g. 0.95")
 
 
+def _cmd_extension(args: argparse.Namespace) -> int:
+    """``--extension``: each impl mutant of the extension, applied in this process, against
+    the extension cases; exit 1 when one survives."""
+    from tailproof.conformance.mutate import impl_extension as ext
+
+    chosen = [m for m in ext.MUTANTS if not args.mutant or m.id in args.mutant]
+    if not chosen:
+        raise UsageError(f"no extension mutant matches {args.mutant!r}",
+                         f"use one of {', '.join(m.id for m in ext.MUTANTS)}")
+    if args.list:
+        for m in chosen:
+            print(f"{m.id:<40} {m.module}.{m.qualname}: {m.why}")
+        return OK
+    kills = ext.score(chosen)
+    if args.json:
+        print(json.dumps({m: None if k is None else {"trace": k[0], "op_index": k[1], "op": k[2]}
+                          for m, k in kills.items()}, indent=2))
+    for m, k in kills.items():
+        where = f"killed by {k[0]}[{k[1]}] {k[2]}" if k else "SURVIVED"
+        print(f"  {m}: {where}", file=sys.stderr if args.json else sys.stdout)
+    return OK if all(kills.values()) else DIVERGED
+
+
 def cmd_mutate(args: argparse.Namespace) -> int:
     from tailproof.conformance.mutate.run import format_report, select
 
     _check_args(args)
+    if args.extension:
+        return _cmd_extension(args)
     chosen = select(args.module, args.sample, args.mutant)
     if not chosen:
         raise UsageError(f"no mutant matches (--module {args.module!r}, --mutant "

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tailproof.conformance.adapters import make_driver
+from tailproof.conformance.adapters import make_driver, refusal
 from tailproof.conformance.ops import CORE_OPS
 from tailproof.conformance.trace import Trace, TraceConfig, load_trace, parse_trace
 
@@ -127,6 +127,9 @@ def build_workload(corpus: list[Path], generated_core: int, generated_connector:
     ``generated_connector`` (counted with them)."""
     t0 = time.perf_counter()
     jobs = [_job(load_trace(p), CORPUS) for p in corpus]
+    # Cases of the turn-end checkpoint extension are not vLLM's to run (their mutants are
+    # ``impl_extension``'s): the vLLM adapters refuse them.
+    jobs = [j for j in jobs if refusal(j.adapter, j.config) is None]
     if generated_core:
         from tailproof.conformance.generate import lockstep_trace
 

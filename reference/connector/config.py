@@ -34,6 +34,12 @@ class ConnectorConfig:
     save_decode_cache: bool = False
     enable_lookup: bool = True
     load_async: bool = False
+    # The turn-end checkpoint extension (docs/reuse.md; not vLLM 0.33): off by default.
+    turn_end_checkpoints: bool = False
+    checkpoint_slots: int = 32
+    checkpoint_reserve_blocks: int = 4
+    decode_boundary_saves: bool = False
+    checkpoint_lookup_wait: bool = False  # rule 7; impl's deployment default is True
 
     @classmethod
     def from_doc(cls, doc: dict[str, Any] | None) -> ConnectorConfig:

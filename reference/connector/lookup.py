@@ -167,14 +167,19 @@ def tail_key_boundaries(geo: StoreGeometry, hashes: Sequence[bytes], hit: int,
 
 def get_num_new_matched_tokens(geo: StoreGeometry, enable_lookup: bool, load_async: bool,
                    load_specs: dict[str, LoadSpec], rid: str, num_tokens: int,
-                   num_computed: int, lookup: Callable[[], LookupResult]) -> tuple[int, bool]:
+                   num_computed: int, lookup: Callable[[], LookupResult],
+                   defer: Callable[[int], bool] | None = None) -> tuple[int | None, bool]:
     """``get_num_new_matched_tokens`` (MS:210-265): sub-block prompts are looked up only with
-    partial hits; a load is proposed only when the store beats ``num_computed``."""
+    partial hits; a load is proposed only when the store beats ``num_computed``. EXTENSION
+    rule 7 (``defer``, not vLLM 0.33): None (ask again next step) when the request extends
+    an in-flight job's key past ``max(hit, num_computed)``."""
     if not enable_lookup:
         return 0, False
     if num_tokens < geo.alignment:
         return 0, False
     res = lookup()
+    if defer is not None and defer(max(res.hit_length, num_computed)):
+        return None, False
     need = max(0, res.hit_length - num_computed)
     if need <= 0:
         return 0, False

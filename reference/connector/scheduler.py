@@ -21,6 +21,10 @@ Mirrors ``MooncakeStoreScheduler`` (MS:135-761). The rules, each with the functi
 
 ``tailproof.impl.scheduler_side`` restates these rules independently on purpose: the corpus
 compares the two (and both with vLLM's own code), so neither imports the other.
+
+EXTENSION (not vLLM 0.33, off by default): the turn-end checkpoints and decode-time block
+boundaries of ``docs/reuse.md`` live in ``turn_end.py``; the calls into it below are marked
+``# EXTENSION`` and change nothing while ``config.connector`` leaves them off.
 """
 
 from __future__ import annotations
@@ -38,6 +42,12 @@ from tailproof.reference.connector.meta import (
     from_request_tracker,
 )
 from tailproof.reference.connector.tail import NULL_BLOCK_ID, partial_tail_puts
+from tailproof.reference.connector.turn_end import (
+    InflightKeys,
+    Snapshot,
+    TurnEnd,
+    decode_boundary_puts,
+)
 
 
 class RequestLike(Protocol):
@@ -51,11 +61,16 @@ class RequestLike(Protocol):
 
 
 class PinPool(Protocol):
-    """The GPU block pool, by id: ``BlockPool.touch`` / ``BlockPool.free_blocks``."""
+    """The GPU block pool, by id: ``BlockPool.touch`` / ``BlockPool.free_blocks``, and for the
+    extension's snapshot blocks ``BlockPool.get_new_blocks`` / ``get_num_free_blocks``."""
 
     def touch_ids(self, ids: list[int]) -> None: ...
 
     def free_ids(self, ids: list[int]) -> None: ...
+
+    def take_ids(self, n: int) -> list[int]: ...
+
+    def num_free(self) -> int: ...
 
 
 @dataclass
@@ -86,6 +101,12 @@ class ConnectorScheduler:
         self.unfinished_requests: dict[str, tuple[RequestLike, tuple[list[int], ...]]] = {}
         self.unfinished_request_ids: set[str] = set()
         self.finished_partial_tails: dict[str, ReqMeta] = {}
+        # EXTENSION (docs/reuse.md): snapshot blocks, the step's copies, the turn-end jobs.
+        self.turn_end = TurnEnd(conf, geo, pool)
+        self.step_snapshots: list[Snapshot] = []
+        self.turn_end_jobs: dict[str, ReqMeta] = {}
+        extension = conf.turn_end_checkpoints or conf.decode_boundary_saves
+        self.inflight = InflightKeys(geo) if extension and conf.checkpoint_lookup_wait else None
 
     # --- admission ---------------------------------------------------------------------
 
@@ -113,12 +134,14 @@ class ConnectorScheduler:
         """mirrors ``build_connector_meta`` (MS:304-525); returns the step's metadata rows."""
         conf, geo = self.conf, self.geo
         is_consumer = conf.is_consumer
-        for rid in finished:
+        for rid in sorted(finished):
+            self.turn_end.release(rid)  # EXTENSION: finish_turn normally did (then a no-op)
             self.load_specs.pop(rid, None)
             self.request_trackers.pop(rid, None)
             self.unfinished_requests.pop(rid, None)
             self.unfinished_request_ids.discard(rid)
-        for rid in preempted:
+        for rid in sorted(preempted):
+            self.turn_end.release(rid)  # EXTENSION rule 4
             self.load_specs.pop(rid, None)
             if (t := self.request_trackers.get(rid)) is not None:
                 t.reset()
@@ -147,17 +170,28 @@ class ConnectorScheduler:
                                        skip_save=None, num_prompt_tokens=req.num_prompt_tokens)
             if job is not None:
                 rows.append(job)
+        decode: dict[str, list[int]] = {}
         if offloads and not is_consumer:
-            self._handle_boundary_state_offloads(offloads, rows)
+            self._handle_boundary_state_offloads(offloads, rows, decode)
         for job in rows:  # _apply_current_save_block_ids (MS:527-548)
             if job.can_save:
                 table = current_table(job.req_id)
                 assert table is not None, f"Missing current block table for {job.req_id}"
                 job.block_ids = tuple(list(ids) for ids in table)
+        if decode:  # EXTENSION rule 5
+            self._decode_boundary_puts(rows, decode, scheduled)
         rows.extend(self.finished_partial_tails.values())
         self.finished_partial_tails.clear()
+        rows.extend(self.turn_end_jobs.values())  # EXTENSION rule 3: after the partial tails
+        self.turn_end_jobs.clear()
         if not conf.capacity_only:
             self._reference_save_blocks(rows)
+        # EXTENSION rule 1: after the jobs are pinned, new, then running, then resumed.
+        order = new + cached
+        self.step_snapshots = self.turn_end.take_snapshots(
+            [(s.request.request_id, s.num_computed_tokens + s.num_scheduled,
+              s.request.num_prompt_tokens, current_table(s.request.request_id))
+             for s in order])
         return rows
 
     def _new_request(self, s: Scheduled, is_consumer: bool) -> list[ReqMeta]:
@@ -211,8 +245,10 @@ class ConnectorScheduler:
             save_partial_tail=self.geo.partial_hits, num_prompt_tokens=real.num_prompt_tokens)
         return [job] if job is not None else []
 
-    def _handle_boundary_state_offloads(self, offloads: Offloads, rows: list[ReqMeta]) -> None:
-        """mirrors ``_handle_boundary_state_offloads`` (MS:672-727)."""
+    def _handle_boundary_state_offloads(self, offloads: Offloads, rows: list[ReqMeta],
+                                        decode: dict[str, list[int]]) -> None:
+        """mirrors ``_handle_boundary_state_offloads`` (MS:672-727); with the extension's
+        ``decode_boundary_saves`` a decode boundary is accepted too and noted in ``decode``."""
         save_rows = {j.req_id: j for j in rows if j.can_save}
         for rid, entries in offloads.items():
             t = self.request_trackers.get(rid)
@@ -221,11 +257,14 @@ class ConnectorScheduler:
                 continue  # finished/preempted within this step: dropped
             accepted: list[BoundaryPut] = []
             for gid, block_id, boundary in entries:
-                if boundary > t.prefill_end_tokens:
+                is_decode = boundary > t.prefill_end_tokens
+                if is_decode and not self.conf.decode_boundary_saves:
                     continue  # decode boundary: can never complete a joint hit
                 if block_id == NULL_BLOCK_ID or gid not in self.geo.mamba_group_ids:
                     continue
                 accepted.append(BoundaryPut(gid, block_id, boundary))
+                if is_decode:  # EXTENSION rule 5
+                    decode.setdefault(rid, []).append(boundary)
             if not accepted:
                 continue
             t.has_pending_offload = True
@@ -239,6 +278,22 @@ class ConnectorScheduler:
                 num_prompt_tokens=req.num_prompt_tokens,
                 prefill_end_tokens=t.prefill_end_tokens, boundary_puts=accepted,
                 completed_token_len=t.token_len))
+
+    def _decode_boundary_puts(self, rows: list[ReqMeta], decode: dict[str, list[int]],
+                              scheduled: list[Scheduled]) -> None:
+        """EXTENSION rule 5: the attention puts of each accepted decode boundary go before
+        the step job's Mamba puts, up to the tokens computed after this step."""
+        after = {s.request.request_id: s.num_computed_tokens + s.num_scheduled
+                 for s in scheduled}
+        for job in rows:
+            if not job.can_save or job.req_id not in decode:
+                continue
+            t = self.request_trackers[job.req_id]
+            req = self.unfinished_requests[job.req_id][0]
+            completed = after.get(job.req_id, req.num_computed_tokens)
+            puts = decode_boundary_puts(self.geo, decode[job.req_id], t, completed,
+                                        len(req.block_hashes), job.block_ids)
+            job.boundary_puts = [*puts, *job.boundary_puts]
 
     def _reference_save_blocks(self, rows: list[ReqMeta]) -> None:
         """mirrors ``_reference_save_blocks`` (MS:550-598): job ids and pins."""
@@ -264,6 +319,12 @@ class ConnectorScheduler:
                 continue
             self.pinned_saves[job.store_job_id] = (ids, self.num_workers)
             self.pool.touch_ids(ids)
+            self._register_inflight(job)
+
+    def _register_inflight(self, job: ReqMeta) -> None:
+        """EXTENSION rule 7: a pinned job's Mamba keys are waited on until it is released."""
+        if self.inflight is not None:
+            self.inflight.register(job)
 
     # --- finish-time hand-off ----------------------------------------------------------
 
@@ -303,8 +364,33 @@ class ConnectorScheduler:
         self.next_store_job_id += 1
         self.pinned_saves[job.store_job_id] = (ids, self.num_workers)
         self.pool.touch_ids(ids)
+        self._register_inflight(job)
         self.finished_partial_tails[request.request_id] = job
         t.has_pending_offload = True
+        return job
+
+    # --- EXTENSION: the turn-end checkpoint at finish (docs/reuse.md rule 3) -------------
+
+    def finish_turn(self, request: RequestLike, block_ids: tuple[list[int], ...]
+                    ) -> ReqMeta | None:
+        """Called at finish after ``register_finished_partial_tail``: the request's last
+        snapshot becomes a store job that gets the next job id and pins its blocks now; the
+        connector then drops its own reference on the slots (the pin keeps them until every
+        worker reported). Emitted with the next step, after the partial tails."""
+        rid = request.request_id
+        job = self.turn_end.flush(
+            rid, self.request_trackers.get(rid), request.num_computed_tokens,
+            request.block_hashes, request.num_prompt_tokens, block_ids)
+        if job is None:
+            return None
+        job.store_job_id = self.next_store_job_id
+        self.next_store_job_id += 1
+        ids = list(dict.fromkeys(p.block_id for p in job.boundary_puts))
+        self.pinned_saves[job.store_job_id] = (ids, self.num_workers)
+        self.pool.touch_ids(ids)
+        self._register_inflight(job)
+        self.turn_end.release(rid)
+        self.turn_end_jobs[rid] = job
         return job
 
     # --- completion --------------------------------------------------------------------
@@ -323,6 +409,8 @@ class ConnectorScheduler:
                 continue
             assert remaining == 0, f"store job {job_id} reported by too many ranks"
             del self.pinned_saves[job_id]
+            if self.inflight is not None:
+                self.inflight.release(job_id)  # EXTENSION rule 7
             self.pool.free_ids(list(reversed(ids)))
             released.append(job_id)
         return released

@@ -47,6 +47,8 @@ WINDOW_GEOMETRIES: list[Geometry] = [
 ]
 SCRIPT_ENTRIES: list[Any] = ["ok", "ok", "ok", "full", "error", "raise", ["ok", "full"]]
 RUNNING_ACTIONS = ["run", "run", "decode", "finish", "preempt", "idle"]
+# With the extension: mostly decodes, so responses cross hash boundaries and get flushed.
+EXTENSION_ACTIONS = ["run", "decode", "decode", "decode", "decode", "finish", "preempt"]
 
 
 class _ConnectorScript:
@@ -59,6 +61,9 @@ class _ConnectorScript:
         self.biggest = max(b for _, b, _ in geometry[0])
         self.waiting: list[str] = []
         self.running: list[str] = []
+        # impl (real KV bytes) runs: a foreign offer is never a real Mamba block
+        self.bytes_checked = "impl" in run.adapters
+        self.actions = EXTENSION_ACTIONS if self.bytes_checked else RUNNING_ACTIONS
         self.finished: list[str] = []  # since the last conn_step
         self.preempted: list[str] = []
 
@@ -78,7 +83,7 @@ class _ConnectorScript:
     def continue_running(self, rid: str) -> bool:
         """A running request's step: a chunk or a decode token, a finish, a preemption, or
         nothing. Returns whether a chunk was allocated."""
-        action = self.draw(st.sampled_from(RUNNING_ACTIONS))
+        action = self.draw(st.sampled_from(self.actions))
         view = self.run.request(rid)
         if action == "finish" or (action == "decode" and view.num_tokens > 4 * self.biggest):
             self.steps.finish(rid)
@@ -118,6 +123,8 @@ class _ConnectorScript:
         table = self.run.drivers[0].core.table(rid)
         g = self.draw(st.integers(0, self.num_groups - 1))
         blk = table[g][-1] if table[g] and self.draw(st.booleans()) else 0
+        if self.bytes_checked and self.run.drivers[0].config.groups[g].is_mamba:
+            blk = 0  # a real Mamba block at a made-up boundary would be a wrong-bytes hand-off
         return [[rid, g, self.h * self.draw(st.integers(1, 4)), blk]]
 
     def run_workers(self) -> None:
@@ -158,18 +165,35 @@ class _ConnectorScript:
             self.waiting.append(rid)
 
 
+# The turn-end checkpoint extension (docs/reuse.md) refuses EAGLE, speculative blocks and windows.
+EXTENSION_GEOMETRIES: list[Geometry] = [g for g in GEOMETRIES if not g[2]]
+EXTENSION_ADAPTERS = ("reference", "impl")
+
+
 @st.composite
 def connector_trace(draw: st.DrawFn, geometries: list[Geometry] | None = None,
-                    max_steps: int = 12, spec_blocks: bool = False) -> Run:
+                    max_steps: int = 12, spec_blocks: bool = False,
+                    extension: bool = False) -> Run:
     """Draw and run one connector trace on one of ``geometries`` (default ``GEOMETRIES``);
     raises ConnectorDivergence on disagreement. With ``spec_blocks`` the Mamba groups sometimes
     get speculative blocks; off, the draws are the ones ``tailproof mutate``'s fixed budget was
-    scored with (an extra draw reshuffles them)."""
+    scored with (an extra draw reshuffles them). With ``extension`` the connector turns the
+    turn-end checkpoint extension on (drawn bounds) and the trace runs on reference and impl
+    (real KV bytes) instead of vLLM."""
     geometry = draw(st.sampled_from(geometries or GEOMETRIES))
     workers = draw(st.sampled_from([1, 1, 2]))
     connector = {"role": draw(st.sampled_from(["producer", "producer", "both", "consumer"])),
                  "num_workers": workers, "save_decode_cache": draw(st.booleans()),
                  "enable_lookup": draw(st.sampled_from([True, True, True, False]))}
+    if extension:
+        connector.update({
+            "turn_end_checkpoints": draw(st.sampled_from([True, True, False])),
+            "checkpoint_slots": draw(st.sampled_from([1, 2, 32])),
+            "checkpoint_reserve_blocks": draw(st.sampled_from([0, 2, 4])),
+            "decode_boundary_saves": draw(st.booleans()),
+            "checkpoint_lookup_wait": draw(st.booleans())})
+        if not connector["turn_end_checkpoints"]:
+            connector["decode_boundary_saves"] = True
     config = geometry_config(geometry, draw(st.sampled_from([10, 16, 24, 40])),
                              connector=connector)
     # MambaSpec.num_speculative_blocks on every Mamba group: scratch blocks are never keyed,
@@ -178,7 +202,7 @@ def connector_trace(draw: st.DrawFn, geometries: list[Geometry] | None = None,
     for g in config["groups"]:
         if num_spec and g["kind"] == M:
             g["num_speculative_blocks"] = num_spec
-    run = Run(config, ADAPTERS, name="connector-property")
+    run = Run(config, EXTENSION_ADAPTERS if extension else ADAPTERS, name="connector-property")
     script = _ConnectorScript(draw, run, geometry, workers)
     for _ in range(draw(st.integers(1, max_steps))):
         script.step()

@@ -34,10 +34,34 @@ def test_connector_corpus_replays_without_divergence(capsys: pytest.CaptureFixtu
     out = json.loads(capsys.readouterr().out)
     assert out["divergences"] == [], out["divergences"][:1]
     assert rc == 0
-    # the core-only adapter skips connector ops (and is not observed after the first one)
-    assert set(out["skipped_ops"]) == {"vllm"}
-    assert all(set(s["unsupported_ops"]) <= set(CONNECTOR_OP_SPECS) and s["unsupported_ops"]
-               and s["unobserved_ops"] > 0 for s in out["skipped_ops"]["vllm"].values())
+    # the core-only adapter skips connector ops (and is not observed after the first one);
+    # both vLLM adapters refuse the extension's cases, saying why
+    assert set(out["skipped_ops"]) == {"vllm", "vllm-mooncake"}
+    for name, s in out["skipped_ops"]["vllm"].items():
+        if name in _extension_cases():
+            assert "turn_end_checkpoints" in s["refused"] or "decode_boundary" in s["refused"]
+            continue
+        assert set(s["unsupported_ops"]) <= set(CONNECTOR_OP_SPECS) and s["unsupported_ops"]
+        assert s["unobserved_ops"] > 0 and "refused" not in s
+    refused = out["skipped_ops"]["vllm-mooncake"]
+    assert set(refused) == set(_extension_cases())
+    assert all("not in vLLM 0.33" in s["refused"] for s in refused.values())
+
+
+def _extension_cases() -> set[str]:
+    """The turn-end checkpoint extension's cases (``tests/connector/cases_reuse.py``)."""
+    return {p.stem for p in corpus_paths() if p.name.startswith("conn_x")}
+
+
+def test_extension_cases_replay_on_reference_and_impl_strict(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    cases = sorted(str(p) for p in corpus_paths() if p.stem in _extension_cases())
+    assert len(cases) >= 9
+    rc = main(["replay", *cases, "--against", "reference,impl", "--strict-ids", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert out["divergences"] == [], out["divergences"][:1]
+    assert out["skipped_ops"] == {}
+    assert rc == 0
 
 
 def test_connector_corpus_strict_ids_reference_vs_vllm(capsys: pytest.CaptureFixture[str]) -> None:

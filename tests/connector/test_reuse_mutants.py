@@ -1,0 +1,72 @@
+"""The turn-end checkpoint extension's seeded mutants in ``tailproof.impl``
+(``conformance/mutate/impl_extension.py``) are each killed by an extension case replayed on
+``reference,impl`` with strict ids, and the unmutated impl agrees with the reference."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tailproof.conformance.adapters import make_driver
+
+pytestmark = pytest.mark.vllm
+vllm = pytest.importorskip("vllm", reason="vLLM 0.33 is not installed in this environment")
+
+from tailproof.conformance.mutate.impl_extension import (  # noqa: E402
+    MUTANTS,
+    applied,
+    extension_cases,
+    first_kill,
+)
+
+# Mutants whose wrong bytes the impl adapter's runner_sim sees on its own (no reference needed).
+BYTE_VISIBLE = {"te-wrong-boundary", "te-snapshot-one-step-late", "te-slot-pin-released-early",
+                "te-snapshot-copy-skipped"}
+
+
+@pytest.fixture(scope="module")
+def traces() -> list[Any]:
+    ts = extension_cases()
+    assert len(ts) >= 9
+    return ts
+
+
+def test_unmutated_impl_agrees(traces: list[Any]) -> None:
+    assert first_kill(traces) is None
+
+
+@pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.id)
+def test_mutant_killed_by_an_extension_case(mutant: Any, traces: list[Any]) -> None:
+    with applied(mutant):
+        kill = first_kill(traces)
+    assert kill is not None, f"{mutant.id} survived the extension cases"
+    assert kill[0].startswith("conn_x")
+    assert first_kill(traces) is None  # undone
+
+
+@pytest.mark.parametrize("mutant", [m for m in MUTANTS if m.id in BYTE_VISIBLE],
+                         ids=lambda m: m.id)
+def test_mutant_stores_wrong_bytes(mutant: Any, traces: list[Any]) -> None:
+    """Beyond differing observations: some put moves bytes that are not its prefix's KV."""
+    errors = []
+    with applied(mutant):
+        for t in traces:
+            d = make_driver("impl", t.config)
+            errors += [op["op"] for op in t.ops
+                       if (o := d.apply(op)) is not None and o.get("error") == "KVByteMismatch"]
+    assert "worker_run" in errors
+
+
+def test_mutate_cli_scores_the_extension_mutants(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from tailproof.conformance.cli import main
+
+    assert main(["mutate", "--extension", "--list"]) == 0
+    listed = capsys.readouterr().out
+    assert all(m.id in listed for m in MUTANTS)
+    assert main(["mutate", "--extension", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) == {m.id for m in MUTANTS}
+    assert all(k is not None and k["trace"].startswith("conn_x") for k in out.values())
