@@ -200,7 +200,7 @@ class SchedulerSide:
     def build_connector_meta(self, so: Any) -> TailproofMeta:
         """Turn one ``SchedulerOutput`` into the workers' loads and pinned store jobs."""
         consumer = self.settings.is_consumer
-        for rid in so.finished_req_ids:
+        for rid in sorted(so.finished_req_ids):
             self.release_snapshot(rid)  # finish_turn normally did; a no-op then
             self.junction_seen.pop(rid, None)
             self.junction_targets.pop(rid, None)
@@ -209,7 +209,7 @@ class SchedulerSide:
             self.request_trackers.pop(rid, None)
             self.unfinished_requests.pop(rid, None)
         preempted = set(so.preempted_req_ids or ())
-        for rid in preempted:
+        for rid in sorted(preempted):  # sorted: slots return to the pool in a fixed order
             self.release_snapshot(rid)  # rule 4: its state is recomputed
             self.junction_targets.pop(rid, None)  # re-admission sets it again
             self.load_specs.pop(rid, None)

@@ -188,10 +188,28 @@ class ConnectorScheduler:
             self._reference_save_blocks(rows)
         # EXTENSION rule 1: after the jobs are pinned, new, then running, then resumed.
         order = new + cached
-        self.step_snapshots = self.turn_end.take_snapshots(
+        h = geo.hash_block_size
+        self.step_snapshots, final = self.turn_end.take_snapshots(
             [(s.request.request_id, s.num_computed_tokens + s.num_scheduled,
-              s.request.num_prompt_tokens, current_table(s.request.request_id))
+              s.request.num_prompt_tokens, current_table(s.request.request_id),
+              TurnEnd.last_boundary(s.request.num_prompt_tokens,
+                                    getattr(s.request, "max_tokens", None), h))
              for s in order])
+        steps = {s.request.request_id: s for s in order}
+        for rid in final:  # EXTENSION rule 3b: the last boundary is flushed in its own step
+            t = self.request_trackers.get(rid)
+            if t is None:
+                continue  # kept until finish, as any snapshot
+            s = steps[rid]
+            table = current_table(rid)
+            assert table is not None
+            job = self.turn_end.flush(rid, t, s.num_computed_tokens + s.num_scheduled,
+                                      s.request.block_hashes, s.request.num_prompt_tokens,
+                                      tuple(list(ids) for ids in table))
+            assert job is not None
+            self._pin_extension_job(job)
+            self.turn_end.release(rid)
+            rows.append(job)
         return rows
 
     def _new_request(self, s: Scheduled, is_consumer: bool) -> list[ReqMeta]:
@@ -383,15 +401,20 @@ class ConnectorScheduler:
             request.block_hashes, request.num_prompt_tokens, block_ids)
         if job is None:
             return None
+        self._pin_extension_job(job)
+        self.turn_end.release(rid)
+        self.turn_end_jobs[rid] = job
+        return job
+
+    def _pin_extension_job(self, job: ReqMeta) -> None:
+        """EXTENSION: the next job id, one pin per distinct block the job puts, its keys
+        waited on (rule 7)."""
         job.store_job_id = self.next_store_job_id
         self.next_store_job_id += 1
         ids = list(dict.fromkeys(p.block_id for p in job.boundary_puts))
         self.pinned_saves[job.store_job_id] = (ids, self.num_workers)
         self.pool.touch_ids(ids)
         self._register_inflight(job)
-        self.turn_end.release(rid)
-        self.turn_end_jobs[rid] = job
-        return job
 
     # --- completion --------------------------------------------------------------------
 

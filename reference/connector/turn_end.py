@@ -9,7 +9,9 @@ there) and are otherwise vLLM 0.33's Mooncake scheduler:
   the copies themselves are the worker's, rule 2) and, for the step's hand-offs,
   :func:`decode_boundary_puts` (rule 5);
 - at preemption: :meth:`TurnEnd.release` (rule 4);
-- at finish, after the finish-time partial tail: :meth:`TurnEnd.flush` (rule 3);
+- at finish, after the finish-time partial tail: :meth:`TurnEnd.flush` (rule 3), or already
+  in the step whose snapshot is the request's last boundary before a finish by length
+  (rule 3b);
 - with ``checkpoint_lookup_wait`` (rule 7): every pinned job's Mamba keys are remembered in
   :class:`InflightKeys` until its pins are released, and a lookup extending one of them past
   its hit waits (``get_num_new_matched_tokens`` answers None).
@@ -152,39 +154,55 @@ class TurnEnd:
             out.append(table[g][idx])
         return out
 
-    def _target(self, rid: str) -> list[int] | None:
+    def _target(self, rid: str, final: bool) -> list[int] | None:
         """The request's slots, else new ones while fewer than ``checkpoint_slots`` requests
-        hold some and the pool keeps ``checkpoint_reserve_blocks`` free after taking them."""
+        hold some and the pool keeps ``checkpoint_reserve_blocks`` free after taking them. A
+        ``final`` snapshot (rule 3b: flushed in its own step, so its blocks are held for one
+        step, by the job) needs neither: only free blocks."""
         if rid in self.slots:
             return self.slots[rid][0]
-        if len(self.slots) >= self.conf.checkpoint_slots:
+        if not final and len(self.slots) >= self.conf.checkpoint_slots:
             return None
-        if self.pool.num_free() - len(self.mamba) < self.conf.checkpoint_reserve_blocks:
+        reserve = 0 if final else self.conf.checkpoint_reserve_blocks
+        if self.pool.num_free() - len(self.mamba) < reserve:
             return None
         return self.pool.take_ids(len(self.mamba))
 
-    def take_snapshots(self, steps: list[tuple[str, int, int, Sequence[list[int]] | None]]
-                       ) -> list[Snapshot]:
+    def take_snapshots(self, steps: list[tuple[str, int, int, Sequence[list[int]] | None, int]]
+                       ) -> tuple[list[Snapshot], list[str]]:
         """Rule 1, for the step's scheduled requests in ``CachedRequestData`` order as
-        ``(rid, n, num_prompt_tokens, current table)`` with ``n`` the computed tokens after the
-        step: a snapshot where ``n`` is a hash boundary past ck(P)."""
+        ``(rid, n, num_prompt_tokens, current table, last boundary)`` with ``n`` the computed
+        tokens after the step: a snapshot where ``n`` is a hash boundary past ck(P). Also
+        returns, in that order, the requests whose snapshot is their last boundary (rule 3b:
+        the caller flushes them in this step)."""
         out: list[Snapshot] = []
+        final: list[str] = []
         if not self.on:
-            return out
+            return out, final
         h = self.geo.hash_block_size
-        for rid, n, prompt, table in steps:
+        for rid, n, prompt, table, last in steps:
             if table is None or not snapshot_due(n, prompt, h, self.geo.use_eagle):
                 continue
             src = self._sources(n, table)
             if src is None:
                 continue
-            slots = self._target(rid)
+            slots = self._target(rid, n == last)
             if slots is None:
                 continue
             self.slots[rid] = (slots, n)
             out += [Snapshot(rid, g, s, t, n)
                     for g, s, t in zip(self.mamba, src, slots, strict=True)]
-        return out
+            if n == last:
+                final.append(rid)
+        return out, final
+
+    @staticmethod
+    def last_boundary(num_prompt_tokens: int, max_tokens: int | None, h: int) -> int:
+        """Rule 3b: the last hash boundary a request finishing by length computes,
+        ``floor_h(P + max_tokens - 1)``; -1 when the request does not say."""
+        if not isinstance(max_tokens, int):
+            return -1
+        return (num_prompt_tokens + max_tokens - 1) // h * h
 
     def release(self, rid: str) -> None:
         """Rules 3-4: drop the connector's reference on the request's slots (preempted, or

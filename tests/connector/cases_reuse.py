@@ -94,7 +94,8 @@ def last_snapshot_flushed() -> Case:
     c = case("conn_x02_only_last_snapshot_flushed",
              "Rules 1-3: A (13-token prompt, ck 12) decodes to 30 computed tokens; the snapshot "
              "block taken at 16 is overwritten at 20, 24 and 28 (same slot, boundary moving "
-             "with it) and only the last one is flushed at finish: the store holds Mamba keys "
+             "with it) and only the last one is flushed, in the step that reaches it (rule 3b: "
+             "28 is A's last boundary before a finish by length): the store holds Mamba keys "
              "12 (the prompt tail) and 28 only, the FA blocks keyed 16 and 28 (each block up to "
              "the boundary). A request sharing A's first 24 tokens therefore hits 12, not 24 "
              "(no Mamba state at 16, 20 or 24), while turn 2 hits 28 and loads it byte-exact "
@@ -183,6 +184,42 @@ def reserve_refuses_slot() -> Case:
     c.op("store_keys")
     c.op("reset")
     c.add("D", [of("A", 13), rng(500, 508), 9])
+    c.step(admit=("D",))
+    c.op("table", rid="D")
+    return c
+
+
+def final_snapshot_ignores_reserve() -> Case:
+    c = case("conn_x13_last_boundary_snapshot_ignores_reserve",
+             "Rules 1 and 3b: checkpoint_reserve_blocks=4 in a 9-block pool refuses A's rolling "
+             "snapshot at 16 (3 blocks would be left), but 20 is A's last boundary before its "
+             "finish by length (13-token prompt, max_tokens 8: 20 computed at the end), so that "
+             "snapshot needs no reserve: it takes a block and is flushed in the same step (the "
+             "job pins the block; the connector holds no slot after it). A's finish then has "
+             "nothing to flush, and a later request hits 20 and loads it byte-exact.",
+             config(G16, 4, num_blocks=9, checkpoint_reserve_blocks=4))
+    c.add("A", [rng(0, 13)], max_tokens=8)
+    c.add("B", [rng(100, 113)])
+    c.step(admit=("A", "B"))
+    c.step(run=("A", "B"))
+    c.op("worker_run")
+    c.op("worker_report")
+    decode(c, "A", 500, 3)
+    c.op("conn_state")
+    decode(c, "A", 503, 4)
+    c.op("conn_state")
+    finish(c, "A", 507)
+    c.step(finished=("A",))
+    c.op("worker_run")
+    c.op("worker_report")
+    c.op("store_keys")
+    c.op("conn_finish", rid="B")
+    c.op("free", rid="B")
+    c.step(finished=("B",))
+    c.op("worker_run")
+    c.op("worker_report")
+    c.op("reset")
+    c.add("D", [of("A", 13), rng(500, 507), 9])
     c.step(admit=("D",))
     c.op("table", rid="D")
     return c
@@ -419,6 +456,7 @@ BUILDERS: list[Callable[[], Case]] = [
     finished_without_tracker,
     lookup_waits_for_flush,
     failed_flush_ends_the_wait,
+    final_snapshot_ignores_reserve,
 ]
 
 if __name__ == "__main__":
