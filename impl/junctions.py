@@ -4,8 +4,8 @@ vLLM 0.33 detects a junction only in the local device cache, and only where full
 keyed a block (docs/junctions.md, rule 1): with attention blocks of 1,024 a system prompt that
 ends off that grid is never seen as shared. The connector sees every admitted prompt's chained
 h-block hashes, so it can tell exactly how far a new prompt agrees with any earlier one: the
-hash of block k names the whole prefix ``(k + 1) * h``, hence one set lookup per probe and a
-binary search over k (present hashes form a prefix of the chain, evictions aside).
+hash of block k names the whole prefix ``(k + 1) * h``, so one set probe per block, from the
+prompt's end down, finds the longest shared prefix.
 """
 
 from __future__ import annotations
@@ -28,16 +28,12 @@ class JunctionIndex:
 
     def known_prefix_blocks(self, block_hashes: Sequence[bytes], limit: int) -> int:
         """How many leading blocks of ``block_hashes`` (at most ``limit``) some earlier prompt
-        also had: the largest k with ``block_hashes[k - 1]`` indexed (binary search; an evicted
-        hash inside the run can only shorten the answer, never lengthen it)."""
-        lo, hi = 0, min(limit, len(block_hashes))
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if block_hashes[mid - 1] in self._hashes:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
+        also had: the largest k with ``block_hashes[k - 1]`` indexed (0: none). Scanned from
+        the top: one set probe per block, exact even when eviction left holes in a chain."""
+        for k in range(min(limit, len(block_hashes)), 0, -1):
+            if block_hashes[k - 1] in self._hashes:
+                return k
+        return 0
 
     def add(self, block_hashes: Sequence[bytes], num_blocks: int) -> None:
         """Index the first ``num_blocks`` hashes of a prompt (refreshing their recency)."""
