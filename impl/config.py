@@ -21,7 +21,7 @@ tests without a ``VllmConfig``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tailproof.spec.arithmetic import eagle_proof_margin, lcm_all
@@ -57,13 +57,14 @@ class Settings:
     max_queued_jobs: int = 64  # queued + running store jobs (and, apart, loads) per worker
     # Turn-end checkpoints (docs/reuse.md): store the state at the last hash boundary a request
     # computed (prompt + response), from a snapshot block the connector takes from vLLM's pool.
-    turn_end_checkpoints: bool = False
+    # None = auto: on where the engine supports it (``resolve_reuse_extension``), else off.
+    turn_end_checkpoints: bool | None = None
     checkpoint_slots: int = 32  # requests holding snapshot blocks at once (1..4096)
     checkpoint_reserve_blocks: int = 4  # free pool blocks a snapshot block must leave
-    decode_boundary_saves: bool = False  # also store decode-time aligned Mamba states
+    decode_boundary_saves: bool | None = None  # also store decode-time aligned Mamba states
     # Junction checkpoints (docs/junctions.md): stop a prompt's chunk at the prefix it shares
     # with an earlier prompt and store the state there (needs the scheduler hook plugin).
-    junction_checkpoints: bool = False
+    junction_checkpoints: bool | None = None
     junction_index_blocks: int = 1 << 18  # prompt hash blocks remembered (LRU)
     # With the extension on: a lookup whose prompt extends a Mamba boundary an in-flight store
     # job is putting (a turn that arrives as its predecessor finishes) waits for that job.
@@ -72,7 +73,8 @@ class Settings:
     @property
     def reuse_extension(self) -> bool:
         """Whether any part of the reuse extension (docs/reuse.md) is on."""
-        return self.turn_end_checkpoints or self.decode_boundary_saves or self.junction_checkpoints
+        return bool(self.turn_end_checkpoints or self.decode_boundary_saves
+                    or self.junction_checkpoints)
 
     @property
     def is_producer(self) -> bool:
@@ -387,15 +389,43 @@ def geometry_from_vllm(vllm_config: Any, kv_cache_config: Any) -> StoreGeometry:
     return geo
 
 
-def check_reuse_extension(settings: Settings, geo: StoreGeometry, vllm_config: Any,
-                          kv_cache_config: Any) -> list[str]:
-    """Why the reuse extension (docs/reuse.md, "Limits") cannot run on this engine (empty when
-    it can, or when it is off): a speculative step does not end on a known boundary, and a
-    sliding window's store mask would need its own rule."""
-    on = [k for k in ("turn_end_checkpoints", "decode_boundary_saves", "junction_checkpoints")
-          if getattr(settings, k)]
-    if not on:
-        return []
+REUSE_PARTS = ("turn_end_checkpoints", "decode_boundary_saves", "junction_checkpoints")
+
+
+def resolve_reuse_extension(settings: Settings, geo: StoreGeometry, vllm_config: Any,
+                            kv_cache_config: Any) -> tuple[Settings, list[str], list[str]]:
+    """Settle each part of the reuse extension (docs/reuse.md) for this engine: a part left
+    unset (auto) is on where it can run and has something to gain, off otherwise; a part set
+    true where it cannot run is an error. Returns (settings, errors, notes on auto parts off)."""
+    why = reuse_extension_limits(geo, vllm_config, kv_cache_config)
+    if not any(geo.is_mamba) or not geo.partial_hits:
+        idle = "no Mamba group with partial hash hits (nothing past vLLM 0.33 to reuse)"
+    else:
+        idle = ""
+    errors: list[str] = []
+    notes: list[str] = []
+    values: dict[str, bool] = {}
+    for key in REUSE_PARTS:
+        asked = getattr(settings, key)
+        if asked is True:
+            errors += [f"{key}=true is not supported here: {w} (docs/reuse.md, Limits)"
+                       for w in why]
+            values[key] = True
+        elif asked is None:
+            reason = "; ".join(why) or idle
+            values[key] = not reason
+            if reason:
+                notes.append(f"{key} (auto) is off: {reason}")
+        else:
+            values[key] = False
+    return replace(settings, **values), errors, notes
+
+
+def reuse_extension_limits(geo: StoreGeometry, vllm_config: Any, kv_cache_config: Any
+                           ) -> list[str]:
+    """Why the reuse extension (docs/reuse.md, "Limits") cannot run on this engine: a
+    speculative step does not end on a known boundary, and a sliding window's store mask
+    would need its own rule."""
     from vllm.v1.kv_cache_interface import MambaSpec
 
     why: list[str] = []
@@ -409,5 +439,4 @@ def check_reuse_extension(settings: Settings, geo: StoreGeometry, vllm_config: A
         if isinstance(spec, MambaSpec) and spec.num_speculative_blocks:
             why.append(f"Mamba KV cache group {gid} has {spec.num_speculative_blocks} "
                        "speculative block(s)")
-    return [f"{key}=true is not supported here: {w} (docs/reuse.md, Limits)"
-            for key in on for w in why]
+    return why

@@ -42,10 +42,10 @@ from tailproof.impl.config import (
     ConfigError,
     Settings,
     StoreGeometry,
-    check_reuse_extension,
     check_store_placement,
     geometry_from_vllm,
     parse_settings,
+    resolve_reuse_extension,
 )
 from tailproof.impl.fingerprint import Fingerprint, check_tensors, fingerprint_from_vllm
 from tailproof.impl.keys import INITIAL_EPOCH, KeySpace, new_epoch
@@ -151,8 +151,12 @@ class TailproofConnector(KVConnectorBase_V1, SupportsHMA):
                 "load_async=false needs a single KV cache group: a failed synchronous load is "
                 "reported by block id, which vLLM cannot map back to requests with several "
                 "groups (it would crash instead of recomputing)"])
-        if reuse := check_reuse_extension(self.settings, self.geo, vllm_config, kv_cache_config):
-            raise ConfigError(reuse)
+        self.settings, reuse_errors, reuse_notes = resolve_reuse_extension(
+            self.settings, self.geo, vllm_config, kv_cache_config)
+        if reuse_errors:
+            raise ConfigError(reuse_errors)
+        for note in reuse_notes:
+            logger.info("TailproofConnector: %s", note)
         par = vllm_config.parallel_config
         # Workers of this engine (TP x PP): each stores its own shard, each reports every job.
         self.world = par.tensor_parallel_size * par.pipeline_parallel_size

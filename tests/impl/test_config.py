@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from tailproof.impl.config import ConfigError, StoreGeometry, check_geometry, parse_settings
@@ -154,7 +156,7 @@ def test_reuse_extension_refuses_speculation_and_windows() -> None:
     import torch
     from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
 
-    from tailproof.impl.config import check_reuse_extension
+    from tailproof.impl.config import resolve_reuse_extension
 
     fa = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=8, dtype=torch.float32)
     mamba = MambaSpec(block_size=16, shapes=((3,), (5,)), dtypes=(torch.float32,) * 2,
@@ -165,14 +167,25 @@ def test_reuse_extension_refuses_speculation_and_windows() -> None:
                         hash_block_size=4, lcm_block_size=16, partial_hits=True,
                         use_eagle=False, window_group_ids=frozenset({0}))
     vc = SimpleNamespace(speculative_config=object())
-    on = parse_settings({"decode_boundary_saves": True}, None)
-    probs = check_reuse_extension(on, geo, vc, kvc)
+    on = parse_settings({"decode_boundary_saves": True, "turn_end_checkpoints": False}, None)
+    resolved, probs, notes = resolve_reuse_extension(on, geo, vc, kvc)
     assert len(probs) == 3 and all(p.startswith("decode_boundary_saves=true") for p in probs)
-    assert check_reuse_extension(parse_settings({}, None), geo, vc, kvc) == []
+    # turn_end_checkpoints=false stays off silently; junction_checkpoints (auto) goes off, noted
+    assert not resolved.turn_end_checkpoints and not resolved.junction_checkpoints
+    assert len(notes) == 1 and notes[0].startswith("junction_checkpoints (auto) is off: ")
+    auto, probs, notes = resolve_reuse_extension(parse_settings({}, None), geo, vc, kvc)
+    assert probs == [] and not auto.reuse_extension and len(notes) == 3
     plain = StoreGeometry(core_group_ids=(0, 1), block_sizes=(16, 16), is_mamba=(False, True),
                           hash_block_size=4, lcm_block_size=16, partial_hits=True,
                           use_eagle=False)
     kvc.kv_cache_groups[1].kv_cache_spec = MambaSpec(
         block_size=16, shapes=((3,), (5,)), dtypes=(torch.float32,) * 2,
         mamba_cache_mode="align")
-    assert check_reuse_extension(on, plain, SimpleNamespace(speculative_config=None), kvc) == []
+    sc = SimpleNamespace(speculative_config=None)
+    assert resolve_reuse_extension(on, plain, sc, kvc)[1] == []
+    auto, probs, notes = resolve_reuse_extension(parse_settings({}, None), plain, sc, kvc)
+    assert probs == notes == [] and auto.turn_end_checkpoints and auto.decode_boundary_saves
+    assert auto.junction_checkpoints  # auto: on where supported
+    pure = replace(plain, is_mamba=(False, False))
+    auto, _, notes = resolve_reuse_extension(parse_settings({}, None), pure, sc, kvc)
+    assert not auto.reuse_extension and "no Mamba group" in notes[0]
