@@ -57,14 +57,15 @@ class Settings:
     max_queued_jobs: int = 64  # queued + running store jobs (and, apart, loads) per worker
     # Turn-end checkpoints (docs/reuse.md): store the state at the last hash boundary a request
     # computed (prompt + response), from a snapshot block the connector takes from vLLM's pool.
-    # None = auto: on where the engine supports it (``resolve_reuse_extension``), else off.
-    turn_end_checkpoints: bool | None = None
+    # The reuse extension's parts: False (default), True, or None for "auto" (on where the
+    # engine supports them, ``resolve_reuse_extension``; given as the string "auto").
+    turn_end_checkpoints: bool | None = False
     checkpoint_slots: int = 32  # requests holding snapshot blocks at once (1..4096)
     checkpoint_reserve_blocks: int = 4  # free pool blocks a snapshot block must leave
-    decode_boundary_saves: bool | None = None  # also store decode-time aligned Mamba states
+    decode_boundary_saves: bool | None = False  # also store decode-time aligned Mamba states
     # Junction checkpoints (docs/junctions.md): stop a prompt's chunk at the prefix it shares
     # with an earlier prompt and store the state there (needs the scheduler hook plugin).
-    junction_checkpoints: bool | None = None
+    junction_checkpoints: bool | None = False
     junction_index_blocks: int = 1 << 18  # prompt hash blocks remembered (LRU)
     # With the extension on: a lookup whose prompt extends a Mamba boundary an in-flight store
     # job is putting (a turn that arrives as its predecessor finishes) waits for that job.
@@ -168,9 +169,14 @@ def parse_settings(extra: dict[str, Any] | None, kv_role: str | None) -> Setting
         if key not in extra:
             continue
         val = extra[key]
+        if key in REUSE_PARTS and val == "auto":
+            continue
         # bool is an int subclass: reject True where a count is expected.
         if not isinstance(val, typ) or (typ is int and isinstance(val, bool)):
-            problems.append(f"{key} must be {getattr(typ, '__name__', typ)}, got {val!r}")
+            want = getattr(typ, "__name__", typ)
+            if key in REUSE_PARTS:
+                want = 'bool or "auto"'
+            problems.append(f"{key} must be {want}, got {val!r}")
     store = extra.get("store", "memory")
     if isinstance(store, str) and store not in STORE_KINDS:
         problems.append(f"store {store!r} is not one of {', '.join(STORE_KINDS)}")
@@ -200,6 +206,7 @@ def parse_settings(extra: dict[str, Any] | None, kv_role: str | None) -> Setting
     if problems:
         raise ConfigError(problems)
     kwargs = {k: extra[k] for k in _SETTING_TYPES if k in extra}
+    kwargs.update({k: None for k in REUSE_PARTS if kwargs.get(k) == "auto"})
     return Settings(kv_role=role, store_config=store_config, **kwargs, **sizes)
 
 

@@ -167,14 +167,20 @@ def test_reuse_extension_refuses_speculation_and_windows() -> None:
                         hash_block_size=4, lcm_block_size=16, partial_hits=True,
                         use_eagle=False, window_group_ids=frozenset({0}))
     vc = SimpleNamespace(speculative_config=object())
-    on = parse_settings({"decode_boundary_saves": True, "turn_end_checkpoints": False}, None)
+    on = parse_settings({"decode_boundary_saves": True, "junction_checkpoints": "auto"}, None)
     resolved, probs, notes = resolve_reuse_extension(on, geo, vc, kvc)
     assert len(probs) == 3 and all(p.startswith("decode_boundary_saves=true") for p in probs)
-    # turn_end_checkpoints=false stays off silently; junction_checkpoints (auto) goes off, noted
+    # turn_end_checkpoints (default false) stays off silently; junction_checkpoints (auto)
+    # goes off, noted
     assert not resolved.turn_end_checkpoints and not resolved.junction_checkpoints
     assert len(notes) == 1 and notes[0].startswith("junction_checkpoints (auto) is off: ")
-    auto, probs, notes = resolve_reuse_extension(parse_settings({}, None), geo, vc, kvc)
+    assert not parse_settings({}, None).reuse_extension  # off unless asked
+    every_auto = {k: "auto" for k in ("turn_end_checkpoints", "decode_boundary_saves",
+                                      "junction_checkpoints")}
+    auto, probs, notes = resolve_reuse_extension(parse_settings(every_auto, None), geo, vc, kvc)
     assert probs == [] and not auto.reuse_extension and len(notes) == 3
+    with pytest.raises(ConfigError, match='junction_checkpoints must be bool or "auto"'):
+        parse_settings({"junction_checkpoints": "yes"}, None)
     plain = StoreGeometry(core_group_ids=(0, 1), block_sizes=(16, 16), is_mamba=(False, True),
                           hash_block_size=4, lcm_block_size=16, partial_hits=True,
                           use_eagle=False)
@@ -183,9 +189,10 @@ def test_reuse_extension_refuses_speculation_and_windows() -> None:
         mamba_cache_mode="align")
     sc = SimpleNamespace(speculative_config=None)
     assert resolve_reuse_extension(on, plain, sc, kvc)[1] == []
-    auto, probs, notes = resolve_reuse_extension(parse_settings({}, None), plain, sc, kvc)
+    auto, probs, notes = resolve_reuse_extension(parse_settings(every_auto, None), plain, sc,
+                                                 kvc)
     assert probs == notes == [] and auto.turn_end_checkpoints and auto.decode_boundary_saves
     assert auto.junction_checkpoints  # auto: on where supported
     pure = replace(plain, is_mamba=(False, False))
-    auto, _, notes = resolve_reuse_extension(parse_settings({}, None), pure, sc, kvc)
+    auto, _, notes = resolve_reuse_extension(parse_settings(every_auto, None), pure, sc, kvc)
     assert not auto.reuse_extension and "no Mamba group" in notes[0]

@@ -156,9 +156,21 @@ def test_hook_refuses_other_vllm_versions(monkeypatch: pytest.MonkeyPatch) -> No
 
 @vllm_only
 def test_hook_is_a_no_op_when_off() -> None:
-    e = _engine({}, "off")
+    e = _engine({"junction_checkpoints": False}, "off")
     assert not e.sched.mamba_shared_prefix_checkpoint  # type: ignore[attr-defined]
     assert e.conn.scheduler_side.junction_index is None
+    e.shutdown()
+
+
+@vllm_only
+def test_auto_turns_every_part_on_here() -> None:
+    """"auto": a hybrid engine with partial hash hits and no speculative decoding gets every
+    part of the extension, the exact junction stop included."""
+    e = _engine({k: "auto" for k in ("turn_end_checkpoints", "decode_boundary_saves",
+                                     "junction_checkpoints")}, "auto")
+    s = e.conn.settings  # type: ignore[attr-defined]
+    assert s.turn_end_checkpoints and s.decode_boundary_saves and s.junction_checkpoints
+    assert e.sched.mamba_shared_prefix_checkpoint  # type: ignore[attr-defined]
     e.shutdown()
 
 
