@@ -24,8 +24,10 @@ class ConnectorConfigError(ValueError):
     """An engine connector configuration the trace's ``config.connector`` cannot express."""
 
 
-def connector_config(vllm_config: Any) -> dict[str, Any] | None:
-    """``config.connector`` for ``vllm_config`` (None without a KV connector).
+def connector_config(vllm_config: Any, connector: Any = None) -> dict[str, Any] | None:
+    """``config.connector`` for ``vllm_config`` (None without a KV connector). ``connector``:
+    the engine's scheduler-side connector, whose settings settle an extension part given as
+    ``"auto"`` (the trace records what the engine ran).
 
     Raises ``ConnectorConfigError`` naming the field for a connector the connector ops do not
     model, an unknown role, or more ranks than the trace format allows."""
@@ -52,6 +54,13 @@ def connector_config(vllm_config: Any) -> dict[str, Any] | None:
         # The turn-end checkpoint extension (docs/reuse.md): its keys only when given, so a
         # trace of an engine with them on replays them (and the vLLM adapters refuse it).
         cfg.update({k: extra[k] for k in EXTENSION_FIELDS if k in extra})
+        for key in [k for k, v in cfg.items() if v == "auto"]:
+            ran = getattr(getattr(connector, "settings", None), key, None)
+            if not isinstance(ran, bool):
+                raise ConnectorConfigError(
+                    f"kv_connector_extra_config.{key}: \"auto\" is settled by the engine's "
+                    "connector, which the recorder could not read")
+            cfg[key] = ran
         if extension_on(cfg):  # the connector's own default (Settings), not the traces'
             cfg.setdefault("checkpoint_lookup_wait", True)
     try:

@@ -125,7 +125,8 @@ def provenance(scheduler: Any, redacted: bool) -> dict[str, Any]:
         )
 
         try:
-            doc["connector_config"] = connector_config(scheduler.vllm_config)
+            doc["connector_config"] = connector_config(scheduler.vllm_config,
+                                                       getattr(scheduler, "connector", None))
         except ConnectorConfigError as e:
             doc["connector_config"] = {"error": str(e)}
     return doc
@@ -203,7 +204,7 @@ class Recorder:
         if workers is not None:
             from tailproof.conformance.capture.connector_config import connector_config
 
-            conn = connector_config(scheduler.vllm_config)
+            conn = connector_config(scheduler.vllm_config, getattr(scheduler, "connector", None))
             if conn is None:
                 raise RecorderUnsupported("workers: the engine has no KV connector")
             config["connector"] = {**conn, "num_workers": len(workers)}
