@@ -29,7 +29,7 @@ from typing import Protocol
 
 from tailproof.reference.connector.config import ConnectorConfig, StoreGeometry
 from tailproof.reference.connector.meta import BoundaryPut, ReqMeta
-from tailproof.reference.connector.turn_end import Snapshot, SlotPool, _attention_puts
+from tailproof.reference.connector.turn_end import SlotPool, Snapshot, _attention_puts
 from tailproof.spec.arithmetic import NULL_BLOCK_ID, checkpoint_position, running_state_index
 
 
@@ -126,7 +126,8 @@ class Junctions:
         return out
 
     def jobs(self, steps: list[tuple[JunctionRequest, int]],
-             current_table: Callable[[str], Sequence[list[int]] | None]) -> list[tuple[list[Snapshot], ReqMeta, list[int]]]:
+             current_table: Callable[[str], Sequence[list[int]] | None],
+             ) -> list[tuple[list[Snapshot], ReqMeta, list[int]]]:
         """For each ``(request, n)`` of the step (``n``: its computed tokens after the step,
         in step order) whose ``n`` is its junction: the copies into fresh blocks, the store job
         and the fresh block ids; the stop is spent either way. None taken (the job skipped)

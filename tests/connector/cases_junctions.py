@@ -1,5 +1,6 @@
 """The junction checkpoint extension's corpus (``docs/junctions.md``, "The extension"),
-``conformance/cases/conn_x14``-``conn_x19``, as scheduler scripts (``tailproof.conformance.author``).
+``conformance/cases/conn_x14``-``conn_x19``, as scheduler scripts
+(``tailproof.conformance.author``).
 
 Junction checkpoints are not in vLLM 0.33: these cases turn ``junction_checkpoints`` on in
 ``config.connector``, so the vLLM adapters refuse them and they are recorded from the reference
