@@ -58,7 +58,11 @@ EXTENSION_FIELDS: dict[str, tuple[type, Any]] = {
     "decode_boundary_saves": (bool, False),
     # rule 7 (impl's lookup wait): off in traces unless given (impl's own default is on)
     "checkpoint_lookup_wait": (bool, False),
+    # junction checkpoints (docs/junctions.md, "The extension")
+    "junction_checkpoints": (bool, False),
+    "junction_index_blocks": (int, 1 << 18),
 }
+JUNCTION_INDEX_MAX = 1 << 24
 
 
 def _typed(key: str, v: Any, typ: type) -> Any:
@@ -84,6 +88,9 @@ def validate_connector_config(doc: dict[str, Any]) -> dict[str, Any]:
     if out.get("checkpoint_reserve_blocks", 0) < 0:
         raise ValueError("checkpoint_reserve_blocks must be >= 0, "
                          f"got {out['checkpoint_reserve_blocks']}")
+    if not 1 <= out.get("junction_index_blocks", 1) <= JUNCTION_INDEX_MAX:
+        raise ValueError(f"junction_index_blocks must be in 1..{JUNCTION_INDEX_MAX}, "
+                         f"got {out['junction_index_blocks']}")
     if out["role"] not in ("producer", "consumer", "both"):
         raise ValueError(f"role must be producer, consumer or both, got {out['role']!r}")
     if not 1 <= out["num_workers"] <= 8:
@@ -91,11 +98,18 @@ def validate_connector_config(doc: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+_EXTENSION_SWITCHES = {
+    "turn_end_checkpoints": "the turn-end checkpoint extension (docs/reuse.md)",
+    "decode_boundary_saves": "the turn-end checkpoint extension (docs/reuse.md)",
+    "junction_checkpoints": "the junction checkpoint extension (docs/junctions.md)",
+}
+
+
 def extension_on(conf: dict[str, Any] | None) -> bool:
-    """Whether a (normalised) connector section turns on a rule of the turn-end checkpoint
-    extension (``docs/reuse.md``), which vLLM 0.33's connectors do not have."""
-    return bool(conf) and bool(conf.get("turn_end_checkpoints") or
-                               conf.get("decode_boundary_saves"))
+    """Whether a (normalised) connector section turns on a rule of the reuse extension
+    (turn-end checkpoints, ``docs/reuse.md``; junction checkpoints, ``docs/junctions.md``),
+    which vLLM 0.33's connectors do not have."""
+    return bool(conf) and any(conf.get(k) for k in _EXTENSION_SWITCHES)
 
 
 def extension_refusal(config: Any) -> str | None:
@@ -104,9 +118,9 @@ def extension_refusal(config: Any) -> str | None:
     conf = getattr(config, "connector", None)
     if not extension_on(conf):
         return None
-    on = [k for k in ("turn_end_checkpoints", "decode_boundary_saves") if conf.get(k)]
-    return (f"config.connector.{on[0]} is on: the turn-end checkpoint extension "
-            f"(docs/reuse.md) is not in vLLM 0.33; only reference and impl run it")
+    on = [k for k in _EXTENSION_SWITCHES if conf.get(k)]
+    return (f"config.connector.{on[0]} is on: {_EXTENSION_SWITCHES[on[0]]} "
+            f"is not in vLLM 0.33; only reference and impl run it")
 
 
 def connector_config(config: Any) -> dict[str, Any]:
@@ -206,6 +220,8 @@ class ConnectorAdapter:
         self.lcm = config.scheduler_block_size
         # EXTENSION (docs/reuse.md): the observations of turn-end checkpoints, only when on.
         self.turn_end = bool(self.conf.get("turn_end_checkpoints"))
+        # EXTENSION (docs/junctions.md): the junction a connector lookup set, its copies.
+        self.junctions = bool(self.conf.get("junction_checkpoints"))
         self.running: set[str] = set()
         self.preempted: set[str] = set()
         self.externals: dict[str, int] = {}
@@ -257,7 +273,7 @@ class ConnectorAdapter:
         jobs, loads = self.build(rows, finished, preempted, offloads, table)
         out = {"offered": offload_obs(offloads), "jobs": jobs, "loads": loads,
                "held": held_obs(self.pinned())}
-        if self.turn_end:
+        if self.turn_end or self.junctions:
             out["snapshots"] = [{"rid": r, "group": g, "boundary": b, "src": src, "slot": slot}
                                 for r, g, src, slot, b in self.snapshots()]
         return out
@@ -320,8 +336,13 @@ class ConnectorAdapter:
         if arb.truncated:
             driver.truncate_pending_hit(rid, arb.local)
         self.externals[rid] = arb.external
-        return {"ext": ext, "async": arb.load_async, "local": arb.local,
-                "external": arb.external, "truncated": arb.truncated}
+        out = {"ext": ext, "async": arb.load_async, "local": arb.local,
+               "external": arb.external, "truncated": arb.truncated}
+        if self.junctions:
+            # EXTENSION (docs/junctions.md): the connector lookup may have set the request's
+            # Request.shared_prefix_boundary, which the chunk split of this step reads.
+            out["junction"] = driver.core.get(rid).shared_prefix_boundary
+        return out
 
     # --- store scaffolding and inspection ----------------------------------------------
 
@@ -344,6 +365,8 @@ class ConnectorAdapter:
                "workers": [self.worker_state(w) for w in range(self.conf["num_workers"])]}
         if self.turn_end:
             out["slots"] = {rid: [b, list(ids)] for rid, (ids, b) in sorted(self.slots().items())}
+        if self.junctions:
+            out["junctions"] = dict(sorted(self.junction_targets().items()))
         return out
 
     # --- implemented by each adapter ---------------------------------------------------
@@ -404,4 +427,10 @@ class ConnectorAdapter:
 
     def slots(self) -> dict[str, tuple[list[int], int]]:
         """Snapshot blocks held per request: ``(slot ids in store order, boundary)``."""
+        raise NotImplementedError
+
+    # EXTENSION (docs/junctions.md): called only with junction_checkpoints on.
+
+    def junction_targets(self) -> dict[str, int]:
+        """Requests whose junction stop is set and whose junction job is still to come."""
         raise NotImplementedError

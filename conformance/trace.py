@@ -182,9 +182,11 @@ def _parse_config(doc: Any, source: str) -> TraceConfig:
 
 def _check_extension(connector: dict[str, Any], groups: list[GroupConfig], use_eagle: bool,
                      source: str) -> None:
-    """The turn-end checkpoint extension refuses speculative decoding and sliding windows
-    (``docs/reuse.md``, "Limits"): a step then does not end on a known boundary."""
-    on = [k for k in ("turn_end_checkpoints", "decode_boundary_saves") if connector.get(k)]
+    """The reuse extension (turn-end and junction checkpoints) refuses speculative decoding
+    and sliding windows (``docs/reuse.md``, "Limits"; impl's ``check_reuse_extension``): a
+    step then does not end on a known boundary."""
+    on = [k for k in ("turn_end_checkpoints", "decode_boundary_saves", "junction_checkpoints")
+          if connector.get(k)]
     if not on:
         return
     where = f"config.connector.{on[0]}"

@@ -126,8 +126,10 @@ class SchedulerSide:
         self.reuse_disabled = False  # set once if a step shows what the extension refuses
         # Junction checkpoints (docs/junctions.md): admitted prompts' hashes, each request's
         # junction (computed once, at its first admission), and the ones whose stop is pending.
+        # A consumer stores nothing, so it never stops a chunk at a junction either.
         self.junction_index = (JunctionIndex(settings.junction_index_blocks)
-                               if settings.junction_checkpoints else None)
+                               if settings.junction_checkpoints and not settings.is_consumer
+                               else None)
         self.junction_seen: dict[str, int] = {}
         self.junction_targets: dict[str, int] = {}
         self.exact_junction_stops = False  # set by TailproofConnector.on_scheduler_built

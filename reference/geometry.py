@@ -54,6 +54,9 @@ class Geometry:
     split_block_size: int | None = None  # cache_config.block_size override (trace config)
     # CacheConfig.enable_mamba_shared_prefix_checkpoint (the engine flag, as configured).
     enable_mamba_shared_prefix_checkpoint: bool = False
+    # EXTENSION (docs/junctions.md, "The hook"): the connector's scheduler hook set
+    # Scheduler.mamba_shared_prefix_checkpoint (the managers' flag is left as it is).
+    scheduler_junction_hook: bool = False
     # Derived in __post_init__.
     scheduler_block_size: int = field(init=False)
     coordinator_kind: str = field(init=False)  # "none" | "unitary" | "hybrid"
@@ -163,8 +166,10 @@ class Geometry:
     @property
     def mamba_shared_prefix_checkpoint(self) -> bool:
         """``Scheduler.mamba_shared_prefix_checkpoint``: the split stops at the junction itself
-        (not block-floored) only when the manager will key the state there."""
-        return self.mamba_partial_cache_hit and self.manager_shared_prefix_checkpoint
+        (not block-floored) only when the manager will key the state there, or when the
+        junction-checkpoint hook set it (the connector then stores the state itself)."""
+        return self.mamba_partial_cache_hit and (
+            self.manager_shared_prefix_checkpoint or self.scheduler_junction_hook)
 
     @classmethod
     def from_config(cls, config: Any) -> Geometry:

@@ -46,7 +46,7 @@ from tailproof.conformance.connector_ops import (
     job_obs,
 )
 from tailproof.impl.config import Settings, StoreGeometry
-from tailproof.impl.connector import build_coordinator
+from tailproof.impl.connector import TailproofConnector, build_coordinator
 from tailproof.impl.fingerprint import geometry_fingerprint
 from tailproof.impl.keys import KeySpace, parse_key
 from tailproof.impl.kv_layout import KVLayout
@@ -243,6 +243,13 @@ class ImplConnector(ConnectorAdapter):
         self.lookup_client = StoreLookup(geo, self.coord, self.store.exists, self.keys, n)
         self.sched = SchedulerSide(self.settings, geo, self.lookup_client, n)
         self.sched.bind_gpu_block_pool(core_backend.block_pool)
+        split = core_backend.split_scheduler
+        if self.junctions and split is not None:
+            # EXTENSION (docs/junctions.md, "The hook"): what the vLLM plugin does once the
+            # Scheduler is built -- impl's own hook sets the split's exact junction stop and
+            # SchedulerSide.exact_junction_stops (or refuses, without partial hits).
+            TailproofConnector.on_scheduler_built(
+                SimpleNamespace(scheduler_side=self.sched, settings=self.settings), split)
         shapes = [GroupShape("mamba" if g.is_mamba else g.kind, g.block_size) for g in groups]
         device = options.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
         self.runners = [SimRunner(shapes, config.num_blocks, rank=r, device=device)
@@ -403,6 +410,9 @@ class ImplConnector(ConnectorAdapter):
 
     def slots(self) -> dict[str, tuple[list[int], int]]:
         return dict(self.sched.snapshot_slots)
+
+    def junction_targets(self) -> dict[str, int]:
+        return dict(self.sched.junction_targets)
 
     def trackers(self) -> dict[str, dict[str, Any]]:
         return {rid: {"token_len": t.token_len, "saved": t.num_saved_tokens,

@@ -43,6 +43,8 @@ class ReferenceConnector(ConnectorAdapter):
         self.store = ScriptedStore()
         self.workers = [SendingWorker(r, self.geo, self.store)
                         for r in range(self.cconf.num_workers)]
+        if self.junctions:  # EXTENSION (docs/junctions.md, "The hook")
+            self.sched.junctions.hook = core_backend.junction_hook()
 
     def _req(self, rid: str) -> Any:
         return self.core.requests[rid]
@@ -100,6 +102,9 @@ class ReferenceConnector(ConnectorAdapter):
     def slots(self) -> dict[str, tuple[list[int], int]]:
         return dict(self.sched.turn_end.slots)
 
+    def junction_targets(self) -> dict[str, int]:
+        return dict(self.sched.junctions.targets)
+
     def trackers(self) -> dict[str, dict[str, Any]]:
         return {rid: {"token_len": t.token_len, "saved": t.num_saved_tokens,
                       "prefill_end": t.prefill_end_tokens, "tail_sent": t.partial_tail_sent}
@@ -154,9 +159,11 @@ class ReferenceConnector(ConnectorAdapter):
             def defer(hit: int) -> bool:
                 return inflight.awaits(req.num_tokens, req.block_hashes, hit)
 
-        return get_num_new_matched_tokens(
+        need, load_async = get_num_new_matched_tokens(
             self.geo, self.cconf.enable_lookup, self.cconf.load_async, self.sched.load_specs, rid,
             req.num_tokens, num_computed, lookup, defer)
+        self.sched.after_lookup(req, num_computed, need)  # EXTENSION (junctions)
+        return need, load_async
 
     def seed(self, rid: str, keys: list[tuple[int, ...]], workers: list[int],
              remove: bool) -> int:

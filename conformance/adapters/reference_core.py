@@ -8,6 +8,7 @@ allocation advances ``num_computed_tokens`` by the hit and the external tokens, 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from tailproof.conformance.backend import RequestView
@@ -81,6 +82,15 @@ class ReferenceCoreBackend:
 
     def plan_chunk(self, rid: str, num_new_tokens: int, hit_tokens: int, external: int) -> int:
         return plan_chunk(self.geo, self.requests[rid], num_new_tokens, hit_tokens, external)
+
+    def junction_hook(self) -> bool:
+        """EXTENSION (docs/junctions.md, "The hook"): the connector's scheduler hook sets
+        ``Scheduler.mamba_shared_prefix_checkpoint``, refused without partial hits (vLLM 0.33's
+        ``mamba_partial_cache_hit``). Returns whether the split now stops at the junction."""
+        if not self.geo.mamba_partial_cache_hit:
+            return False
+        self.geo = replace(self.geo, scheduler_junction_hook=True)
+        return True
 
     def allocate(
         self,

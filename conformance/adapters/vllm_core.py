@@ -179,6 +179,12 @@ class VllmCoreBackend:
         self.pending[rid] = (blocks, hit)
         return hit, [list(ids) for ids in blocks.get_block_ids()]
 
+    @property
+    def split_scheduler(self) -> SimpleNamespace | None:
+        """The ``Scheduler`` attributes the split reads (None: no Mamba group, no split): what
+        a scheduler hook (``TailproofConnector.on_scheduler_built``) sees and sets."""
+        return self._split_self
+
     def plan_chunk(self, rid: str, num_new_tokens: int, hit_tokens: int, external: int) -> int:
         if self._split_self is None:
             return num_new_tokens

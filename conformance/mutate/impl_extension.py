@@ -1,4 +1,5 @@
-"""Seeded mutants of the turn-end checkpoint extension in ``tailproof.impl`` (``docs/reuse.md``).
+"""Seeded mutants of the reuse extension in ``tailproof.impl``: turn-end checkpoints
+(``docs/reuse.md``, ``te-*``) and junction checkpoints (``docs/junctions.md``, ``jn-*``).
 
 The vLLM catalog (``catalog.py``) mutates vLLM 0.33 and is scored on the vLLM adapters; the
 extension is not in vLLM, so its mutants target our own connector and are killed by the
@@ -26,7 +27,7 @@ WS = "tailproof.impl.worker_side"
 ADAPTERS = ["reference", "impl"]
 
 MUTANTS: list[Mutant] = [
-    Mutant("te-wrong-boundary", SS, "SchedulerSide.finish_turn",
+    Mutant("te-wrong-boundary", SS, "SchedulerSide._turn_end_job",
            "puts += [BoundaryPut(g, slot, b) for g, slot",
            "puts += [BoundaryPut(g, slot, b - geo.hash_block_size) for g, slot",
            "the flush keys the snapshot one hash block below its content's boundary: the "
@@ -37,7 +38,7 @@ MUTANTS: list[Mutant] = [
            "the snapshot is due on the computed tokens at schedule time, so it is taken in "
            "the step after the one ending on the boundary: the copy (after that step's "
            "forward) holds the state one token past the boundary it is keyed at"),
-    Mutant("te-slot-pin-released-early", SS, "SchedulerSide.finish_turn",
+    Mutant("te-slot-pin-released-early", SS, "SchedulerSide._turn_end_job",
            "self._take_pins(list(dict.fromkeys(p.block_id for p in puts)))",
            "self._take_pins(list(dict.fromkeys(p.block_id for p in puts"
            " if not geo.is_mamba[p.group_id])))",
@@ -52,6 +53,27 @@ MUTANTS: list[Mutant] = [
            "n += 0",
            "the worker never copies the running state into the slot: every scheduler "
            "observation is unchanged, only the bytes the flush puts are wrong"),
+    Mutant("jn-wrong-boundary", SS, "SchedulerSide._junction_jobs",
+           "puts += [BoundaryPut(g, slot, n) for g, slot",
+           "puts += [BoundaryPut(g, slot, n - geo.hash_block_size) for g, slot",
+           "the junction job keys the copied state one hash block below the junction: the "
+           "state of the prefix J is stored under the key of J - h"),
+    Mutant("jn-snapshot-not-copied", SS, "SchedulerSide._junction_jobs",
+           "zip(self._mamba_groups, srcs, slots, strict=True)]",
+           "() and zip(self._mamba_groups, srcs, slots, strict=True)]",
+           "the junction job takes fresh blocks and puts them but asks no worker to copy the "
+           "running state into them: the store gets whatever the blocks held"),
+    Mutant("jn-copy-unpinned", SS, "SchedulerSide._junction_jobs",
+           "self._take_pins(list(dict.fromkeys(x.block_id for x in puts)))",
+           "self._take_pins(list(dict.fromkeys(x.block_id for x in puts"
+           " if not geo.is_mamba[x.group_id])))",
+           "the junction job does not pin its copies, so dropping the connector's reference "
+           "frees them in the step: a later allocation can take them before the workers read"),
+    Mutant("jn-stop-on-grid", SS, "SchedulerSide._set_junction",
+           "or all(j % geo.block_sizes[g] == 0 for g in self._mamba_groups)",
+           "or False",
+           "a junction on every Mamba block grid still stops the chunk and gets a job (its "
+           "aligned state is handed off and stored anyway): a needless stop and copy"),
 ]
 
 

@@ -40,6 +40,9 @@ class ConnectorConfig:
     checkpoint_reserve_blocks: int = 4
     decode_boundary_saves: bool = False
     checkpoint_lookup_wait: bool = False  # rule 7; impl's deployment default is True
+    # Junction checkpoints (docs/junctions.md, "The extension"; not vLLM 0.33): off by default.
+    junction_checkpoints: bool = False
+    junction_index_blocks: int = 1 << 18
 
     @classmethod
     def from_doc(cls, doc: dict[str, Any] | None) -> ConnectorConfig:

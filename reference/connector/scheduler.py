@@ -23,7 +23,8 @@ Mirrors ``MooncakeStoreScheduler`` (MS:135-761). The rules, each with the functi
 compares the two (and both with vLLM's own code), so neither imports the other.
 
 EXTENSION (not vLLM 0.33, off by default): the turn-end checkpoints and decode-time block
-boundaries of ``docs/reuse.md`` live in ``turn_end.py``; the calls into it below are marked
+boundaries of ``docs/reuse.md`` live in ``turn_end.py``, the junction checkpoints of
+``docs/junctions.md`` in ``junctions.py``; the calls into them below are marked
 ``# EXTENSION`` and change nothing while ``config.connector`` leaves them off.
 """
 
@@ -34,6 +35,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from tailproof.reference.connector.config import ConnectorConfig, StoreGeometry
+from tailproof.reference.connector.junctions import JunctionRequest, Junctions
 from tailproof.reference.connector.meta import (
     BoundaryPut,
     LoadSpec,
@@ -106,7 +108,10 @@ class ConnectorScheduler:
         self.step_snapshots: list[Snapshot] = []
         self.turn_end_jobs: dict[str, ReqMeta] = {}
         extension = conf.turn_end_checkpoints or conf.decode_boundary_saves
+        extension = extension or conf.junction_checkpoints
         self.inflight = InflightKeys(geo) if extension and conf.checkpoint_lookup_wait else None
+        # EXTENSION (docs/junctions.md): the prompt index and the pending junction stops.
+        self.junctions = Junctions(conf, geo, pool)
 
     # --- admission ---------------------------------------------------------------------
 
@@ -136,12 +141,14 @@ class ConnectorScheduler:
         is_consumer = conf.is_consumer
         for rid in sorted(finished):
             self.turn_end.release(rid)  # EXTENSION: finish_turn normally did (then a no-op)
+            self.junctions.forget(rid, finished=True)  # EXTENSION (junctions)
             self.load_specs.pop(rid, None)
             self.request_trackers.pop(rid, None)
             self.unfinished_requests.pop(rid, None)
             self.unfinished_request_ids.discard(rid)
         for rid in sorted(preempted):
             self.turn_end.release(rid)  # EXTENSION rule 4
+            self.junctions.forget(rid, finished=False)  # EXTENSION: re-admission asks again
             self.load_specs.pop(rid, None)
             if (t := self.request_trackers.get(rid)) is not None:
                 t.reset()
@@ -210,7 +217,30 @@ class ConnectorScheduler:
             self._pin_extension_job(job)
             self.turn_end.release(rid)
             rows.append(job)
+        if self.junctions.targets:  # EXTENSION (junctions): after the turn-end pass
+            self._junction_jobs(order, current_table, rows)
         return rows
+
+    def after_lookup(self, request: JunctionRequest, num_computed: int,
+                     need: int | None) -> None:
+        """EXTENSION (docs/junctions.md): ``get_num_new_matched_tokens`` answered ``need``
+        external tokens past ``num_computed`` (None: deferred, rule 7, nothing happens): the
+        request's junction stop is decided at the hit ``num_computed + need``."""
+        if need is not None:
+            self.junctions.at_lookup(request, num_computed + need)
+
+    def _junction_jobs(self, order: list[Scheduled],
+                       current_table: Callable[[str], tuple[list[int], ...] | None],
+                       rows: list[ReqMeta]) -> None:
+        """EXTENSION (junctions): each junction job of the step gets its copies, the next job
+        id and its pins; the connector's reference on the fresh blocks is dropped at once."""
+        steps = [(s.request, s.num_computed_tokens + s.num_scheduled) for s in order
+                 if s.request.request_id in self.unfinished_requests]
+        for copies, job, fresh in self.junctions.jobs(steps, current_table):  # type: ignore[arg-type]
+            self.step_snapshots += copies
+            self._pin_extension_job(job)
+            self.pool.free_ids(fresh)
+            rows.append(job)
 
     def _new_request(self, s: Scheduled, is_consumer: bool) -> list[ReqMeta]:
         req = s.request

@@ -178,8 +178,8 @@ def connector_trace(draw: st.DrawFn, geometries: list[Geometry] | None = None,
     raises ConnectorDivergence on disagreement. With ``spec_blocks`` the Mamba groups sometimes
     get speculative blocks; off, the draws are the ones ``tailproof mutate``'s fixed budget was
     scored with (an extra draw reshuffles them). With ``extension`` the connector turns the
-    turn-end checkpoint extension on (drawn bounds) and the trace runs on reference and impl
-    (real KV bytes) instead of vLLM."""
+    turn-end checkpoint extension on (drawn bounds; junction checkpoints sometimes too) and the
+    trace runs on reference and impl (real KV bytes) instead of vLLM."""
     geometry = draw(st.sampled_from(geometries or GEOMETRIES))
     workers = draw(st.sampled_from([1, 1, 2]))
     connector = {"role": draw(st.sampled_from(["producer", "producer", "both", "consumer"])),
@@ -191,7 +191,10 @@ def connector_trace(draw: st.DrawFn, geometries: list[Geometry] | None = None,
             "checkpoint_slots": draw(st.sampled_from([1, 2, 32])),
             "checkpoint_reserve_blocks": draw(st.sampled_from([0, 2, 4])),
             "decode_boundary_saves": draw(st.booleans()),
-            "checkpoint_lookup_wait": draw(st.booleans())})
+            "checkpoint_lookup_wait": draw(st.booleans()),
+            # junction checkpoints (docs/junctions.md); a tiny index evicts prompts
+            "junction_checkpoints": draw(st.booleans()),
+            "junction_index_blocks": draw(st.sampled_from([3, 1 << 18]))})
         if not connector["turn_end_checkpoints"]:
             connector["decode_boundary_saves"] = True
     config = geometry_config(geometry, draw(st.sampled_from([10, 16, 24, 40])),

@@ -1,4 +1,4 @@
-"""The turn-end checkpoint extension's seeded mutants in ``tailproof.impl``
+"""The reuse extension's seeded mutants (turn-end and junction checkpoints) in ``tailproof.impl``
 (``conformance/mutate/impl_extension.py``) are each killed by an extension case replayed on
 ``reference,impl`` with strict ids, and the unmutated impl agrees with the reference."""
 
@@ -22,13 +22,16 @@ from tailproof.conformance.mutate.impl_extension import (  # noqa: E402
 
 # Mutants whose wrong bytes the impl adapter's runner_sim sees on its own (no reference needed).
 BYTE_VISIBLE = {"te-wrong-boundary", "te-snapshot-one-step-late", "te-slot-pin-released-early",
-                "te-snapshot-copy-skipped"}
+                "te-snapshot-copy-skipped", "jn-snapshot-not-copied"}
+# (jn-wrong-boundary's key J - h is already stored in every junction case, so the worker skips
+# the put: killed by the job's observed puts, not by bytes.)
+JUNCTION_CASES = ("conn_x14", "conn_x15", "conn_x16", "conn_x17", "conn_x18", "conn_x19")
 
 
 @pytest.fixture(scope="module")
 def traces() -> list[Any]:
     ts = extension_cases()
-    assert len(ts) >= 9
+    assert len(ts) >= 19
     return ts
 
 
@@ -43,6 +46,17 @@ def test_mutant_killed_by_an_extension_case(mutant: Any, traces: list[Any]) -> N
     assert kill is not None, f"{mutant.id} survived the extension cases"
     assert kill[0].startswith("conn_x")
     assert first_kill(traces) is None  # undone
+
+
+@pytest.mark.parametrize("mutant", [m for m in MUTANTS if m.id.startswith("jn-")],
+                         ids=lambda m: m.id)
+def test_junction_mutant_killed_by_a_junction_case(mutant: Any, traces: list[Any]) -> None:
+    """Each junction mutant is killed by a junction case alone (not only by a turn-end one)."""
+    junction = [t for t in traces if t.name.startswith(JUNCTION_CASES)]
+    assert len(junction) == len(JUNCTION_CASES)
+    with applied(mutant):
+        kill = first_kill(junction)
+    assert kill is not None and kill[0].startswith(JUNCTION_CASES), mutant.id
 
 
 @pytest.mark.parametrize("mutant", [m for m in MUTANTS if m.id in BYTE_VISIBLE],

@@ -1,5 +1,6 @@
 """Property: on random connector traces with the turn-end checkpoint extension on (drawn slot
-and reserve bounds, decode boundary saves, scripted store failures, preemptions, two workers)
+and reserve bounds, decode boundary saves, junction checkpoints with a large or a tiny prompt
+index, scripted store failures, preemptions, two workers)
 the reference connector model and ``tailproof.impl`` observe exactly the same thing, block ids
 included, and every put and load of ``impl`` moves the right KV bytes (``runner_sim``). On a
 divergence the shrunk trace is written to ``tests/connector/failures/``
@@ -44,6 +45,7 @@ def test_reference_and_impl_agree_with_turn_end_checkpoints() -> None:
             seen["turn_end_jobs"] += obs.get("turn_end") is not None
             seen["errors"] += "error" in obs
             seen["loads"] += len(obs.get("loads") or [])
+            seen["junctions"] += bool(obs.get("junction")) and "ext" in obs  # sched_lookup
         state = r.observed[-2]  # after every worker ran and reported: nothing held
         assert state["held"] == [] and state["pending_push"] is False, state
 

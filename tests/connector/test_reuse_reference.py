@@ -98,40 +98,50 @@ def _turn_end(pool: _Pool, **conf: Any) -> TurnEnd:
     return TurnEnd(ConnectorConfig(turn_end_checkpoints=True, **conf), geo, pool)
 
 
+def _snaps(te: TurnEnd, rows: list[tuple[str, int, int, Any]]) -> list[Any]:
+    """``take_snapshots`` of rows whose requests name no last boundary (rule 3b off)."""
+    out, final = te.take_snapshots([(*r, -1) for r in rows])
+    assert final == []
+    return out
+
+
 def test_snapshot_due_only_past_ck_on_hash_boundaries_and_overwritten() -> None:
     pool = _Pool(16)
     te = _turn_end(pool)
     table = ([1, 2], [0, 7])  # Mamba running state after 17..32 tokens: block 7
     # P = 13, ck 12: 12 is not past ck, 18 is not a boundary; 20 is.
-    assert te.take_snapshots([("A", 12, 13, table), ("A", 18, 13, table)]) == []
-    (s,) = te.take_snapshots([("A", 20, 13, table)])
+    assert _snaps(te, [("A", 12, 13, table), ("A", 18, 13, table)]) == []
+    (s,) = _snaps(te, [("A", 20, 13, table)])
     assert (s.group, s.src, s.boundary) == (1, 7, 20) and te.slots == {"A": ([s.slot], 20)}
-    (s2,) = te.take_snapshots([("A", 24, 13, table)])
+    (s2,) = _snaps(te, [("A", 24, 13, table)])
     assert s2.slot == s.slot and te.slots["A"] == ([s.slot], 24)  # same block, moved boundary
-    assert te.take_snapshots([("B", 16, 13, ([1], [0]))]) == []  # null source: none
+    assert _snaps(te, [("B", 16, 13, ([1], [0]))]) == []  # null source: none
 
 
 def test_bounds_and_release() -> None:
     pool = _Pool(8)  # 7 free
     te = _turn_end(pool, checkpoint_slots=1, checkpoint_reserve_blocks=5)
     table = ([1, 2], [3, 4])
-    assert len(te.take_snapshots([("A", 20, 13, table), ("B", 20, 13, table)])) == 1
+    assert len(_snaps(te, [("A", 20, 13, table), ("B", 20, 13, table)])) == 1
     assert set(te.slots) == {"A"}  # B: checkpoint_slots reached
     te.release("A")
     assert pool.num_free() == 7
     te = _turn_end(pool, checkpoint_reserve_blocks=7)
-    assert te.take_snapshots([("A", 20, 13, table)]) == []  # 7 - 1 < 7: refused
+    assert _snaps(te, [("A", 20, 13, table)]) == []  # 7 - 1 < 7: refused
 
 
 def test_flush_guard_releases_the_slot() -> None:
     pool = _Pool(8)
     te = _turn_end(pool)
-    te.take_snapshots([("A", 20, 13, ([1, 2], [3, 4]))])
+    _snaps(te, [("A", 20, 13, ([1, 2], [3, 4]))])
     tracker = RequestTracker(req_id="A", token_len=13, allocated_block_ids=([], []))
     hashes = [bytes([i]) for i in range(5)]
     assert te.flush("A", tracker, 19, hashes, 13, ([1, 2], [3, 4])) is None  # 20 > computed
     assert te.slots == {} and pool.num_free() == 7
-    te.take_snapshots([("A", 20, 13, ([1, 2], [3, 4]))])
+    out, final = te.take_snapshots([("A", 20, 13, ([1, 2], [3, 4]), 20)])  # rule 3b: last one
+    assert final == ["A"] and len(out) == 1
+    te.release("A")
+    _snaps(te, [("A", 20, 13, ([1, 2], [3, 4]))])
     job = te.flush("A", tracker, 21, hashes, 13, ([1, 2], [3, 4]))
     assert job is not None and job.token_len_chunk == 0
     assert [(p.group_id, p.num_tokens) for p in job.boundary_puts] == [(0, 16), (0, 20), (1, 20)]

@@ -309,3 +309,17 @@ def test_async_scheduling_placeholder_counts_as_computed() -> None:
     assert req.num_tokens == req.num_computed_tokens == 47
     (snap,) = t.step(cached=("r",)).snapshots
     assert (snap.boundary, snap.src_block) == (48, t.tables["r"][1][2])
+
+
+def test_consumer_sets_no_junction() -> None:
+    """A consumer stores nothing, so it never stops a chunk at a junction it could not store:
+    no prompt index, and the lookup leaves ``shared_prefix_boundary`` alone."""
+    on = Settings(junction_checkpoints=True)
+    assert SchedulerSide(on, GEO, None, 1).junction_index is not None
+    side = SchedulerSide(replace(on, kv_role="kv_consumer"), GEO, None, 1)
+    side.exact_junction_stops = True
+    assert side.junction_index is None
+    req = SimpleNamespace(request_id="B", num_tokens=40, num_prompt_tokens=40,
+                          block_hashes=[bytes([i]) for i in range(10)], shared_prefix_boundary=0)
+    assert side.get_num_new_matched_tokens(req, 16) == (0, False)
+    assert req.shared_prefix_boundary == 0 and not side.junction_targets
