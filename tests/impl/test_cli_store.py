@@ -95,7 +95,8 @@ def test_signal_to_the_cli_stops_the_master_it_started(mooncake_master: str,
             time.sleep(0.1)
         proc.send_signal(sig)
         rc = proc.wait(timeout=60)
-        assert rc != 0  # interrupted, not a clean run
+        # interrupted, not a clean run (the CLI's stderr says how it ended, if it did not)
+        assert rc != 0, proc.stderr.read().decode()[-2000:]  # type: ignore[union-attr]
         assert not _alive(masters[0]), "mooncake_master outlived the CLI"
     finally:
         if proc.poll() is None:
