@@ -83,7 +83,11 @@ def test_signal_to_the_cli_stops_the_master_it_started(mooncake_master: str,
     proc = subprocess.Popen(
         [sys.executable, "-m", "tailproof.conformance.cli", "replay", *conn,
          "--against", "reference,impl", "--store", "mooncake"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+        # A runner started from a backgrounded shell has SIGINT ignored, and Python keeps an
+        # inherited SIG_IGN (no KeyboardInterrupt): give the CLI the disposition a terminal
+        # user's Ctrl-C meets.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 120
         masters: list[int] = []
