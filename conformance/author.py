@@ -34,6 +34,16 @@ FA, M = "full_attention", "mamba_align"
 Group = tuple[str, int] | tuple[str, int, bool]
 
 
+def rng(a: int, b: int) -> dict[str, list[int]]:
+    """The token spec of the tokens ``a .. b - 1`` (``tokens`` items, docs/trace-format.md)."""
+    return {"range": [a, b]}
+
+
+def of(rid: str, n: int) -> dict[str, object]:
+    """The token spec of the first ``n`` tokens of request ``rid``."""
+    return {"prompt_of": rid, "n": n}
+
+
 def config(groups: Iterable[Group], h: int, num_blocks: int, **settings: Any) -> dict[str, Any]:
     """A trace config: groups as ``(kind, block_size[, eagle])``, then any other config keys
     (``trace-format.md``) in the order given."""

@@ -328,24 +328,11 @@ class SchedulerSide:
             meta.snapshots += [Snapshot(rid, g, src, slot, n) for g, src, slot in
                                zip(self._mamba_groups, srcs, slots, strict=True)]
             ids = tuple(list(table[g]) for g in geo.core_group_ids)
-            attn = turn_end_attention_puts(
-                boundary=n, saved_tokens=n // geo.lcm_block_size * geo.lcm_block_size,
-                completed_token_len=n, num_hashes=len(req.block_hashes), block_ids=ids,
-                block_sizes=geo.block_sizes, is_mamba=geo.is_mamba,
-                eagle_margins=self._eagle_margins, hash_block_size=geo.hash_block_size)
-            puts = [BoundaryPut(*x) for x in attn]
-            puts += [BoundaryPut(g, slot, n) for g, slot in zip(self._mamba_groups, slots,
-                                                                 strict=True)]
-            job = StoreJob(req_id=rid, token_len_chunk=0, block_ids=ids,
-                           block_hashes=list(req.block_hashes), boundary_puts=puts,
-                           completed_token_len=n, num_prompt_tokens=req.num_prompt_tokens)
-            job.store_job_id = self._take_pins(list(dict.fromkeys(x.block_id for x in puts)))
-            if self._track_inflight:
-                self._register_inflight(job)
+            lcm = geo.lcm_block_size
+            job = self._checkpoint_job(req, slots, n, ids, n // lcm * lcm, n, "junction_jobs")
             blocks = self.pool.blocks
             self.pool.free_blocks([blocks[b] for b in slots])
             meta.stores.append(job)
-            self.metrics.c.inc("junction_jobs")
 
     # ------------------------------------------------------------------ reuse extension
 
@@ -445,7 +432,7 @@ class SchedulerSide:
                 # this one ends then finds it stored.
                 table = state.get_block_ids(rid)
                 ids = tuple(list(table[g]) for g in geo.core_group_ids)
-                meta.stores.append(self._turn_end_job(req, slots, n, ids, t.num_saved_tokens, n))
+                meta.stores.append(self._checkpoint_job(req, slots, n, ids, t.num_saved_tokens, n))
                 self.release_snapshot(rid)
 
     def _snapshot_sources(self, table: Any, n: int) -> list[int] | None:
@@ -503,7 +490,7 @@ class SchedulerSide:
         if (self.settings.is_producer and t is not None and b <= request.num_computed_tokens
                 and b // geo.hash_block_size <= len(request.block_hashes)):
             ids = tuple(list(block_ids[g]) for g in geo.core_group_ids)
-            job = self._turn_end_job(request, slots, b, ids, t.num_saved_tokens,
+            job = self._checkpoint_job(request, slots, b, ids, t.num_saved_tokens,
                                      request.num_computed_tokens)
             if rid in self.finished_turn_ends:
                 raise AssertionError(f"{rid}: second turn-end flush")
@@ -513,10 +500,11 @@ class SchedulerSide:
         self.release_snapshot(rid)
         return job
 
-    def _turn_end_job(self, request: Any, slots: list[int], b: int, ids: tuple[list[int], ...],
-                      saved_tokens: int, completed: int) -> StoreJob:
-        """The pinned flush job of a snapshot at ``b``: the attention KV from the last normal
-        save up to ``b``, then the snapshot blocks under ``b``'s key."""
+    def _checkpoint_job(self, request: Any, slots: list[int], b: int,
+                        ids: tuple[list[int], ...], saved_tokens: int, completed: int,
+                        metric: str = "turn_end_jobs") -> StoreJob:
+        """The pinned job storing a snapshot at ``b`` (a turn end or a junction): the attention
+        KV from ``saved_tokens`` up to ``b``, then the snapshot blocks under ``b``'s key."""
         geo = self.geo
         attn = turn_end_attention_puts(
             boundary=b, saved_tokens=saved_tokens, completed_token_len=completed,
@@ -532,7 +520,7 @@ class SchedulerSide:
         job.store_job_id = self._take_pins(list(dict.fromkeys(p.block_id for p in puts)))
         if self._track_inflight:
             self._register_inflight(job)
-        self.metrics.c.inc("turn_end_jobs")
+        self.metrics.c.inc(metric)
         return job
 
     def _final_boundary(self, request: Any) -> int:

@@ -27,7 +27,7 @@ WS = "tailproof.impl.worker_side"
 ADAPTERS = ["reference", "impl"]
 
 MUTANTS: list[Mutant] = [
-    Mutant("te-wrong-boundary", SS, "SchedulerSide._turn_end_job",
+    Mutant("te-wrong-boundary", SS, "SchedulerSide._checkpoint_job",
            "puts += [BoundaryPut(g, slot, b) for g, slot",
            "puts += [BoundaryPut(g, slot, b - geo.hash_block_size) for g, slot",
            "the flush keys the snapshot one hash block below its content's boundary: the "
@@ -38,7 +38,7 @@ MUTANTS: list[Mutant] = [
            "the snapshot is due on the computed tokens at schedule time, so it is taken in "
            "the step after the one ending on the boundary: the copy (after that step's "
            "forward) holds the state one token past the boundary it is keyed at"),
-    Mutant("te-slot-pin-released-early", SS, "SchedulerSide._turn_end_job",
+    Mutant("te-slot-pin-released-early", SS, "SchedulerSide._checkpoint_job",
            "self._take_pins(list(dict.fromkeys(p.block_id for p in puts)))",
            "self._take_pins(list(dict.fromkeys(p.block_id for p in puts"
            " if not geo.is_mamba[p.group_id])))",
@@ -54,8 +54,8 @@ MUTANTS: list[Mutant] = [
            "the worker never copies the running state into the slot: every scheduler "
            "observation is unchanged, only the bytes the flush puts are wrong"),
     Mutant("jn-wrong-boundary", SS, "SchedulerSide._junction_jobs",
-           "puts += [BoundaryPut(g, slot, n) for g, slot",
-           "puts += [BoundaryPut(g, slot, n - geo.hash_block_size) for g, slot",
+           "self._checkpoint_job(req, slots, n, ids,",
+           "self._checkpoint_job(req, slots, n - geo.hash_block_size, ids,",
            "the junction job keys the copied state one hash block below the junction: the "
            "state of the prefix J is stored under the key of J - h"),
     Mutant("jn-snapshot-not-copied", SS, "SchedulerSide._junction_jobs",
@@ -64,11 +64,10 @@ MUTANTS: list[Mutant] = [
            "the junction job takes fresh blocks and puts them but asks no worker to copy the "
            "running state into them: the store gets whatever the blocks held"),
     Mutant("jn-copy-unpinned", SS, "SchedulerSide._junction_jobs",
-           "self._take_pins(list(dict.fromkeys(x.block_id for x in puts)))",
-           "self._take_pins(list(dict.fromkeys(x.block_id for x in puts"
-           " if not geo.is_mamba[x.group_id])))",
-           "the junction job does not pin its copies, so dropping the connector's reference "
-           "frees them in the step: a later allocation can take them before the workers read"),
+           "self.pool.free_blocks([blocks[b] for b in slots])",
+           "self.pool.free_blocks([blocks[b] for b in slots * 2])",
+           "the junction job's copies are released twice, the job's pin with the connector's "
+           "reference, so a later allocation can take them before the workers read them"),
     Mutant("jn-stop-on-grid", SS, "SchedulerSide._set_junction",
            "or all(j % geo.block_sizes[g] == 0 for g in self._mamba_groups)",
            "or False",

@@ -29,8 +29,13 @@ from typing import Protocol
 
 from tailproof.reference.connector.config import ConnectorConfig, StoreGeometry
 from tailproof.reference.connector.meta import BoundaryPut, ReqMeta
-from tailproof.reference.connector.turn_end import SlotPool, Snapshot, _attention_puts
-from tailproof.spec.arithmetic import NULL_BLOCK_ID, checkpoint_position, running_state_index
+from tailproof.reference.connector.turn_end import (
+    SlotPool,
+    Snapshot,
+    attention_puts,
+    running_state_blocks,
+)
+from tailproof.spec.arithmetic import checkpoint_position
 
 
 class JunctionRequest(Protocol):
@@ -116,15 +121,6 @@ class Junctions:
         if finished:
             self.seen.pop(rid, None)
 
-    def _sources(self, n: int, table: Sequence[list[int]]) -> list[int] | None:
-        out = []
-        for g in self.mamba:
-            idx = running_state_index(n, self.geo.block_sizes[g])
-            if not 0 <= idx < len(table[g]) or table[g][idx] == NULL_BLOCK_ID:
-                return None
-            out.append(table[g][idx])
-        return out
-
     def jobs(self, steps: list[tuple[JunctionRequest, int]],
              current_table: Callable[[str], Sequence[list[int]] | None],
              ) -> list[tuple[list[Snapshot], ReqMeta, list[int]]]:
@@ -139,7 +135,8 @@ class Junctions:
                 continue
             del self.targets[rid]
             table = current_table(rid)
-            src = self._sources(n, table) if table is not None else None
+            src = (running_state_blocks(self.geo, self.mamba, n, table) if table is not None
+                   else None)
             k = len(self.mamba)
             if src is None or self.pool.num_free() - k < self.conf.checkpoint_reserve_blocks:
                 continue
@@ -149,7 +146,7 @@ class Junctions:
                                                                       strict=True)]
             ids = tuple(list(t) for t in table)
             lcm = self.geo.lcm_block_size
-            attention = _attention_puts(self.geo, n, n // lcm * lcm, n, len(req.block_hashes),
+            attention = attention_puts(self.geo, n, n // lcm * lcm, n, len(req.block_hashes),
                                         ids)
             mamba = [BoundaryPut(g, t, n) for g, t in zip(self.mamba, fresh, strict=True)]
             job = ReqMeta(req_id=rid, token_len_chunk=0, block_ids=ids,

@@ -61,7 +61,7 @@ class Snapshot:
     boundary: int
 
 
-def _attention_puts(geo: StoreGeometry, boundary: int, saved: int, completed: int,
+def attention_puts(geo: StoreGeometry, boundary: int, saved: int, completed: int,
                     num_hashes: int, block_ids: Sequence[list[int]]) -> list[BoundaryPut]:
     """``turn_end_attention_puts`` over the store geometry: every non-Mamba block from the last
     normal save up to ``boundary``, keyed at its end (shared arithmetic with the spec)."""
@@ -82,10 +82,23 @@ def decode_boundary_puts(geo: StoreGeometry, boundaries: list[int], tracker: Req
     hit, in boundary order, without repeats; the tracker's saved offset does not move."""
     out: list[BoundaryPut] = []
     for b in sorted(set(boundaries)):
-        for p in _attention_puts(geo, b, tracker.num_saved_tokens, completed, num_hashes,
+        for p in attention_puts(geo, b, tracker.num_saved_tokens, completed, num_hashes,
                                  block_ids):
             if p not in out:
                 out.append(p)
+    return out
+
+
+def running_state_blocks(geo: StoreGeometry, mamba: Sequence[int], n: int,
+                         table: Sequence[list[int]]) -> list[int] | None:
+    """Each Mamba group's running state block after ``n`` tokens, in ``mamba`` order; None
+    when one is missing or the null block (rule 6)."""
+    out = []
+    for g in mamba:
+        idx = running_state_index(n, geo.block_sizes[g])
+        if not 0 <= idx < len(table[g]) or table[g][idx] == NULL_BLOCK_ID:
+            return None
+        out.append(table[g][idx])
     return out
 
 
@@ -144,15 +157,7 @@ class TurnEnd:
         return self.conf.turn_end_checkpoints and self.conf.is_producer and bool(self.mamba)
 
     def _sources(self, n: int, table: Sequence[list[int]]) -> list[int] | None:
-        """Each Mamba group's running state block after ``n`` tokens; None when one is
-        missing or the null block (rule 6)."""
-        out = []
-        for g in self.mamba:
-            idx = running_state_index(n, self.geo.block_sizes[g])
-            if not 0 <= idx < len(table[g]) or table[g][idx] == NULL_BLOCK_ID:
-                return None
-            out.append(table[g][idx])
-        return out
+        return running_state_blocks(self.geo, self.mamba, n, table)
 
     def _target(self, rid: str, final: bool) -> list[int] | None:
         """The request's slots, else new ones while fewer than ``checkpoint_slots`` requests
@@ -226,7 +231,7 @@ class TurnEnd:
                 or b // self.geo.hash_block_size > len(block_hashes)):
             self.release(rid)
             return None
-        attention = _attention_puts(self.geo, b, tracker.num_saved_tokens, num_computed,
+        attention = attention_puts(self.geo, b, tracker.num_saved_tokens, num_computed,
                                     len(block_hashes), block_ids)
         mamba = [BoundaryPut(g, s, b) for g, s in zip(self.mamba, slots, strict=True)]
         return ReqMeta(

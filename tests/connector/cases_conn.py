@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tailproof.conformance import author
-from tailproof.conformance.author import FA, Case, M
+from tailproof.conformance.author import FA, Case, M, of, rng
 
 RECORD = ("vllm-mooncake", "reference")
 
@@ -28,14 +28,6 @@ def config(groups: list[tuple[str, int, bool]], h: int, num_blocks: int = 64,
 
 def case(name: str, description: str, config_doc: dict[str, Any]) -> Case:
     return Case(name, description, config_doc, record=RECORD)
-
-
-def rng(a: int, b: int) -> dict[str, list[int]]:
-    return {"range": [a, b]}
-
-
-def of(rid: str, n: int) -> dict[str, object]:
-    return {"prompt_of": rid, "n": n}
 
 
 G16 = [(FA, 16, False), (M, 16, False)]  # lcm 16, h 4: partial hits on
