@@ -45,11 +45,46 @@ def _set(obj: Any, **attrs: Any) -> Any:
     return out
 
 
+def _model(**kw: Any) -> Any:
+    """A real ``ModelConfig`` of the tiny model (vLLM resolves ``hf_overrides`` into it)."""
+    from vllm.config import ModelConfig
+
+    from tailproof.conformance.capture import tiny_hybrid
+
+    tiny_hybrid.register()
+    return ModelConfig(model=str(tiny_hybrid.MODEL_DIR), skip_tokenizer_init=True,
+                       dtype="float32", max_model_len=4096, **kw)
+
+
 def _variant(name: str, monkeypatch: pytest.MonkeyPatch) -> Fingerprint:
+    from vllm.config import LoadConfig
+
     vc, kvc, geo = _base()
     model, cache, par = vc.model_config, vc.cache_config, vc.parallel_config
+    load = LoadConfig()
     if name == "same model again":
         pass
+    elif name == "hf_overrides rope_theta":
+        model = _model(hf_overrides={"rope_theta": 500000.0})
+    elif name == "rope_theta from the config file":
+        # The same RoPE change reached without hf_overrides (another config.json at the
+        # same path): the resolved text config is what counts, not where it came from.
+        model = copy.copy(model)
+        text = copy.copy(model.hf_text_config)
+        text.rope_parameters = {"rope_type": "default", "rope_theta": 500000.0}
+        object.__setattr__(model, "hf_text_config", text)
+    elif name == "rope_scaling":
+        model = _model(hf_overrides={"rope_scaling": {"rope_type": "linear", "factor": 2.0}})
+    elif name == "other hf_overrides":
+        model = _model(hf_overrides={"rms_norm_eps": 1e-5})
+    elif name == "load_format dummy":
+        load = LoadConfig(load_format="dummy")
+    elif name == "load_format gguf":
+        load = LoadConfig(load_format="gguf")
+    elif name == "model_weights":
+        model = _set(model, model_weights="s3://bucket/other-weights")
+    elif name == "code revision":
+        model = _set(model, code_revision="abc123")
     elif name == "model path":
         model = _set(model, model="/models/other")
     elif name == "revision":
@@ -81,13 +116,16 @@ def _variant(name: str, monkeypatch: pytest.MonkeyPatch) -> Fingerprint:
         geo = replace(geo, block_sizes=(32, 32), lcm_block_size=32)
     else:
         raise AssertionError(name)
-    ns = SimpleNamespace(model_config=model, cache_config=cache, parallel_config=par)
+    ns = SimpleNamespace(model_config=model, cache_config=cache, parallel_config=par,
+                         load_config=load)
     return fingerprint_from_vllm(ns, kvc, geo)
 
 
 DIFFERENCES = ["model path", "revision", "dtype", "kv cache dtype", "mamba ssm dtype",
                "layer names", "tensor shape", "tp size", "pp size", "hash algorithm",
-               "hash seed", "h", "block size"]
+               "hash seed", "h", "block size", "hf_overrides rope_theta",
+               "rope_theta from the config file", "rope_scaling", "other hf_overrides",
+               "load_format dummy", "load_format gguf", "model_weights", "code revision"]
 
 
 def _worker(store: MemoryStore, fp: Fingerprint) -> tuple[WorkerSide, SimRunner]:
@@ -125,6 +163,60 @@ def _save_then_load(fp_writer: Fingerprint, fp_reader: Fingerprint) -> tuple[boo
 def test_same_model_twice_shares_keys_and_loads(monkeypatch: pytest.MonkeyPatch) -> None:
     a, b = _variant("same model again", monkeypatch), _variant("same model again", monkeypatch)
     assert a.digest == b.digest and len(a.digest) == 16
+    ok, (_, rrun, ctab), _ = _save_then_load(a, b)
+    assert ok and rrun.check("B", TOKENS, 0, 44, ctab) == []
+
+
+def test_rope_overrides_reach_the_fingerprint_resolved() -> None:
+    """vLLM resolves ``hf_overrides`` into the text config; the digest reads it there."""
+    from tailproof.impl.fingerprint import model_identity
+
+    plain, over = model_identity(_model()), model_identity(_model(hf_overrides={
+        "rope_theta": 500000.0}))
+    assert plain["rope"] == {"max_position_embeddings": 4096}
+    assert over["rope"]["rope_parameters"] == {"rope_type": "default", "rope_theta": 500000.0}
+
+
+def test_a_key_vllm_derives_into_rope_parameters_does_not_split_the_roles() -> None:
+    """``gpt_j`` writes ``partial_rotary_factor`` into the config's ``rope_parameters`` while
+    it builds the model: a worker holding the model and the scheduler must still agree."""
+    from tailproof.impl.fingerprint import rope_parts
+
+    cfg = SimpleNamespace(rope_parameters={"rope_type": "default", "rope_theta": 1e4},
+                          rotary_dim=8)
+    before = rope_parts(cfg)
+    cfg.rope_parameters["partial_rotary_factor"] = 0.5  # what GPTJAttention.__init__ does
+    assert rope_parts(cfg) == before
+    cfg.rotary_dim = 16  # the attribute it is derived from still counts
+    assert rope_parts(cfg) != before
+
+
+@pytest.mark.parametrize("change", ["max_num_seqs", "pool size", "load_format safetensors",
+                                    "max_num_batched_tokens", "seed"])
+def test_settings_that_do_not_change_bytes_share_keys(change: str) -> None:
+    """Engines whose KV bytes are interchangeable keep one fingerprint (and load each other's
+    values): scheduling limits, the store's size, another reader of the same checkpoint."""
+    from engine_sim import GROUPS, kv_cache_config, vllm_config
+    from vllm.config import LoadConfig
+
+    kvc = kv_cache_config(NB, GROUPS, H)
+    base = vllm_config({"store": "memory", "capacity_bytes": 1 << 26}, h=H)
+    if change == "pool size":
+        other = vllm_config({"store": "memory", "capacity_bytes": 1 << 28}, h=H)
+    elif change == "max_num_batched_tokens":
+        other = vllm_config({"store": "memory", "capacity_bytes": 1 << 26}, h=H,
+                            max_batched=512)
+    else:
+        other = vllm_config({"store": "memory", "capacity_bytes": 1 << 26}, h=H)
+        if change == "max_num_seqs":
+            object.__setattr__(other.scheduler_config, "max_num_seqs", 3)
+        elif change == "seed":
+            other.model_config = _set(other.model_config, seed=7)
+        else:
+            other.load_config = LoadConfig(load_format="safetensors")
+    a = fingerprint_from_vllm(base, kvc, geometry_from_vllm(base, kvc))
+    b = fingerprint_from_vllm(other, kvc, geometry_from_vllm(other, kvc))
+    assert a.digest == b.digest, change
     ok, (_, rrun, ctab), _ = _save_then_load(a, b)
     assert ok and rrun.check("B", TOKENS, 0, 44, ctab) == []
 
