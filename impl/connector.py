@@ -187,7 +187,8 @@ class TailproofConnector(KVConnectorBase_V1, SupportsHMA):
                 tp_size=par.tensor_parallel_size)
         logger.info("TailproofConnector %s: store=%s fingerprint=%s%s geometry=%s", role.name,
                     self.settings.store, self.fingerprint.digest,
-                    " (values authenticated)" if self.secret else "", self.geo)
+                    (f" (values authenticated, MAC identity {self.keys.mac_identity})"
+                     if self.secret else ""), self.geo)
 
     # ------------------------------------------------------------------ scheduler role
 
