@@ -112,7 +112,7 @@ def model_identity(model_config: Any) -> dict[str, Any]:
         "convert": getattr(m, "convert_type", None),
         "model_class_overrides": getattr(m, "model_class_overrides", None) or None,
         "hf_overrides": getattr(m, "hf_overrides", None) or None,
-        "rope": rope_parts(getattr(m, "hf_text_config", None)),
+        "rope": rope_parts(getattr(m, "hf_text_config", None), getattr(m, "max_model_len", None)),
     }
 
 
@@ -129,11 +129,21 @@ _ROPE_ATTRS = ("rope_parameters", "rope_scaling", "rope_theta", "rotary_emb_base
 _ROPE_DERIVED = frozenset({"partial_rotary_factor"})
 
 
-def rope_parts(hf_text_config: Any) -> dict[str, Any] | None:
-    """The resolved RoPE parameters of a text config (None: no config, e.g. unit tests)."""
+def rope_parts(hf_text_config: Any, max_model_len: int | None = None) -> dict[str, Any] | None:
+    """The resolved RoPE parameters of a text config (None: no config, e.g. unit tests).
+
+    ``max_model_len`` counts only where it picks the rotation: LongRoPE uses its long factors
+    for every position once ``max_model_len`` exceeds ``original_max_position_embeddings``
+    (vLLM 0.33 ``Phi3LongRoPEScaledRotaryEmbedding.__init__``)."""
     if hf_text_config is None:
         return None
     out: dict[str, Any] = {}
+    longrope = [p for p in _rope_dicts(getattr(hf_text_config, "rope_parameters", None))
+                if p.get("rope_type") == "longrope"]
+    if longrope and max_model_len is not None:
+        out["longrope_long_factors"] = [
+            max_model_len > p.get("original_max_position_embeddings", max_model_len)
+            for p in longrope]
     for name in _ROPE_ATTRS:
         try:
             val = getattr(hf_text_config, name, None)
@@ -144,6 +154,15 @@ def rope_parts(hf_text_config: Any) -> dict[str, Any] | None:
         if val is not None:
             out[name] = val
     return out
+
+
+def _rope_dicts(params: Any) -> list[Mapping[str, Any]]:
+    """The rope parameter dicts of a config: one, or one per layer type when nested."""
+    if not isinstance(params, Mapping):
+        return []
+    if params and all(isinstance(v, Mapping) for v in params.values()):
+        return list(params.values())  # nested per layer type (``is_rope_parameters_nested``)
+    return [params]
 
 
 def _without_derived(params: Mapping[str, Any]) -> dict[str, Any]:

@@ -191,6 +191,25 @@ def test_a_key_vllm_derives_into_rope_parameters_does_not_split_the_roles() -> N
     assert rope_parts(cfg) != before
 
 
+def test_max_model_len_counts_only_where_longrope_picks_its_factors() -> None:
+    """LongRoPE rotates with its long factors at every position once ``max_model_len``
+    exceeds ``original_max_position_embeddings`` (``Phi3LongRoPEScaledRotaryEmbedding``):
+    there, and only there, ``max_model_len`` changes cached K bytes."""
+    from tailproof.impl.fingerprint import rope_parts
+
+    long = SimpleNamespace(rope_parameters={
+        "rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0], "long_factor": [2.0],
+        "original_max_position_embeddings": 4096}, max_position_embeddings=131072)
+    assert rope_parts(long, 4096) == rope_parts(long, 2048)  # short factors both
+    assert rope_parts(long, 8192) == rope_parts(long, 131072)  # long factors both
+    assert rope_parts(long, 4096) != rope_parts(long, 8192)
+    plain = SimpleNamespace(rope_parameters={"rope_type": "default", "rope_theta": 1e4})
+    assert rope_parts(plain, 4096) == rope_parts(plain, 131072)
+    nested = SimpleNamespace(rope_parameters={"full_attention": long.rope_parameters,
+                                              "sliding_attention": plain.rope_parameters})
+    assert rope_parts(nested, 4096) != rope_parts(nested, 8192)
+
+
 @pytest.mark.parametrize("change", ["max_num_seqs", "pool size", "load_format safetensors",
                                     "max_num_batched_tokens", "seed"])
 def test_settings_that_do_not_change_bytes_share_keys(change: str) -> None:
