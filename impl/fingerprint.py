@@ -206,6 +206,9 @@ def layout_parts(vllm_config: Any, kv_cache_config: Any, geo: Any) -> dict[str, 
         "model": model_identity(vllm_config.model_config),
         "weights": weights_source(getattr(vllm_config, "load_config", None)),
         "kv_cache_dtype": getattr(cache, "cache_dtype", None),
+        # Layers kept in the model dtype under a quantized KV cache (their bytes differ).
+        "kv_cache_dtype_skip_layers": sorted(getattr(cache, "kv_cache_dtype_skip_layers", None)
+                                             or []) or None,
         "mamba_cache_dtype": getattr(cache, "mamba_cache_dtype", None),
         "mamba_ssm_cache_dtype": getattr(cache, "mamba_ssm_cache_dtype", None),
         "groups": groups,

@@ -93,6 +93,8 @@ def _variant(name: str, monkeypatch: pytest.MonkeyPatch) -> Fingerprint:
         model = _set(model, dtype=torch.bfloat16)
     elif name == "kv cache dtype":
         cache = _set(cache, cache_dtype="fp8")
+    elif name == "kv cache skip layers":
+        cache = _set(cache, kv_cache_dtype_skip_layers=["model.layers.1.attn"])
     elif name == "mamba ssm dtype":
         cache = _set(cache, mamba_ssm_cache_dtype="float32")
     elif name == "layer names":
@@ -121,7 +123,8 @@ def _variant(name: str, monkeypatch: pytest.MonkeyPatch) -> Fingerprint:
     return fingerprint_from_vllm(ns, kvc, geo)
 
 
-DIFFERENCES = ["model path", "revision", "dtype", "kv cache dtype", "mamba ssm dtype",
+DIFFERENCES = ["model path", "revision", "dtype", "kv cache dtype", "kv cache skip layers",
+               "mamba ssm dtype",
                "layer names", "tensor shape", "tp size", "pp size", "hash algorithm",
                "hash seed", "h", "block size", "hf_overrides rope_theta",
                "rope_theta from the config file", "rope_scaling", "other hf_overrides",
