@@ -59,7 +59,7 @@ from tailproof.impl.metrics import (
 )
 from tailproof.impl.scheduler_side import SchedulerSide
 from tailproof.impl.stores import Store, make_store
-from tailproof.impl.value_format import SecretError, secret_from_env
+from tailproof.impl.value_format import SecretError, mac_identity_text, secret_from_env
 from tailproof.impl.vllm_plugin import HOOK_VERSION
 from tailproof.impl.worker_side import WorkerSide
 
@@ -145,7 +145,6 @@ class TailproofConnector(KVConnectorBase_V1, SupportsHMA):
             self.secret = secret_from_env()
         except SecretError as exc:
             raise ConfigError([str(exc)]) from exc
-        self.epoch = INITIAL_EPOCH
         if not self.settings.load_async and len(kv_cache_config.kv_cache_groups) > 1:
             raise ConfigError([
                 "load_async=false needs a single KV cache group: a failed synchronous load is "
@@ -174,7 +173,7 @@ class TailproofConnector(KVConnectorBase_V1, SupportsHMA):
         self.scheduler_side: SchedulerSide | None = None
         self.worker_side: WorkerSide | None = None
         self.keys = KeySpace(self.settings.namespace, self.fingerprint.digest,
-                             par.tensor_parallel_size)
+                             par.tensor_parallel_size, mac_identity_text(self.secret))
         if role == KVConnectorRole.SCHEDULER:
             lookup = StoreLookup(self.geo, self.coord, self.store.exists, self.keys,
                                  self.world)
@@ -188,7 +187,8 @@ class TailproofConnector(KVConnectorBase_V1, SupportsHMA):
                 tp_size=par.tensor_parallel_size)
         logger.info("TailproofConnector %s: store=%s fingerprint=%s%s geometry=%s", role.name,
                     self.settings.store, self.fingerprint.digest,
-                    " (values authenticated)" if self.secret else "", self.geo)
+                    (f" (values authenticated, MAC identity {self.keys.mac_identity})"
+                     if self.secret else ""), self.geo)
 
     # ------------------------------------------------------------------ scheduler role
 
@@ -231,10 +231,7 @@ class TailproofConnector(KVConnectorBase_V1, SupportsHMA):
         self._sched().update_state_after_alloc(request, blocks, num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
-        meta = self._sched().build_connector_meta(scheduler_output)
-        for job in [*meta.loads, *meta.stores]:  # keys of this engine's current epoch
-            job.epoch = self.epoch
-        return meta
+        return self._sched().build_connector_meta(scheduler_output)  # jobs carry their epoch
 
     def update_connector_output(self, connector_output: Any) -> None:
         self._sched().update_connector_output(
@@ -261,18 +258,31 @@ class TailproofConnector(KVConnectorBase_V1, SupportsHMA):
     def has_pending_push_work(self) -> bool:
         return self.scheduler_side is not None and self.scheduler_side.has_pending_push_work()
 
+    @property
+    def epoch(self) -> str:
+        """This engine's current key epoch (the scheduler role's; workers use each job's)."""
+        side = self.scheduler_side
+        return side.epoch if side is not None else INITIAL_EPOCH
+
     def reset_cache(self) -> bool | None:
         """Make this engine's stored KV unreachable for it: move to a fresh key epoch.
 
         Nothing is removed: the pool may be shared with other engines (their keys stay
-        reachable), and this engine's old entries age out by the store's lease and eviction."""
-        if self.scheduler_side is None:
+        reachable), and this engine's old entries age out by the store's lease and eviction.
+        A reset that fails moves nothing: vLLM's ``Scheduler.reset_prefix_cache`` calls this
+        even when its own block-pool reset failed (blocks in use), and KV still held in those
+        blocks predates the reset (``SchedulerSide.reset_refusal``)."""
+        side = self.scheduler_side
+        if side is None:
             return None
-        self.scheduler_side.reset()
-        self.epoch = new_epoch()
-        assert self.scheduler_side.lookup_client is not None
-        self.scheduler_side.lookup_client.epoch = self.epoch
-        logger.info("TailproofConnector: prefix cache reset; store key epoch now %s", self.epoch)
+        refusal = side.reset_refusal()
+        if refusal is not None:
+            logger.warning("TailproofConnector: prefix cache reset refused (%s); store key "
+                           "epoch stays %s", refusal, side.epoch)
+            return False
+        side.reset()
+        side.move_epoch(new_epoch())
+        logger.info("TailproofConnector: prefix cache reset; store key epoch now %s", side.epoch)
         return True
 
     # ------------------------------------------------------------------ worker role
