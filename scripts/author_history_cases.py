@@ -1,0 +1,87 @@
+"""Author the historical-bug cases (``conformance/cases/hist_*.json``) with the case tools.
+
+Each case starts from a corpus case that kills the bug's mutant, is shrunk with
+``tailproof.conformance.shrink`` while the mutant is applied (in a forked child, so unmutated
+vLLM in this process never sees it: reference vs mutated vLLM is the divergence kept), renamed
+after the bug, and its expectations are then recorded from unmutated vLLM with
+``tailproof record --adapter vllm-mooncake|vllm --in-place --overwrite``.
+
+    .venv/bin/python scripts/author_history_cases.py [BUG ...]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from tailproof.conformance.history.bugs import BUGS, Bug
+from tailproof.conformance.mutate.apply import apply_mutant
+from tailproof.conformance.mutate.catalog import MUTANTS
+from tailproof.conformance.shrink import shrink
+from tailproof.conformance.trace import load_trace
+
+CASES = Path(__file__).resolve().parent.parent / "conformance" / "cases"
+BY_ID = {m.id: m for m in MUTANTS}
+
+
+def _shrunk_under_mutant(bug: Bug, mutant: str, out: Path) -> None:
+    """Child: apply ``mutant``, shrink the bug's seed case, write the small trace."""
+    assert bug.seed_case and bug.case
+    apply_mutant(BY_ID[mutant])
+    trace = load_trace(CASES / f"{bug.seed_case}.json")
+    # impl (TailproofConnector) joins connector traces, so the small trace stays one impl runs
+    # too (its engine simulation checks the bytes every put reads).
+    adapters = (["reference", "vllm-mooncake", "impl"] if "connector" in trace.raw["config"]
+                else ["reference", "vllm"])
+    res = shrink(trace, adapters, strict=True)
+    doc = res.doc
+    doc["name"] = bug.case
+    doc["description"] = (f"{bug.ref}: {bug.statement} Shrunk by `tailproof shrink` from "
+                          f"{bug.seed_case} ({res.ops_before} ops) with mutant "
+                          f"{mutant} applied; expectations recorded from unmutated "
+                          "vLLM 0.33.")
+    for op in doc["ops"]:
+        op.pop("expect", None)
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def author(bug: Bug) -> Path:
+    """Shrink ``bug``'s seed case into ``conformance/cases/<case>.json`` under its last mutant
+    (with two, the store-side one, whose traces also run the core path)."""
+    mutant = bug.mutants[-1]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "case.json"
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child exits
+            code = 0
+            try:
+                _shrunk_under_mutant(bug, mutant, out)
+            except Exception as e:  # noqa: BLE001 - reported by the parent
+                print(f"{bug.ref}: {type(e).__name__}: {e}", file=sys.stderr)
+                code = 1
+            os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        if os.waitstatus_to_exitcode(status) != 0 or not out.exists():
+            raise SystemExit(f"{bug.ref}: shrinking under {mutant} failed")
+        target = CASES / f"{bug.case}.json"
+        target.write_text(out.read_text())
+    return target
+
+
+def main(argv: list[str]) -> int:
+    wanted = set(argv)
+    for bug in BUGS:
+        if not (bug.seed_case and bug.mutants and bug.case):
+            continue
+        if wanted and bug.number not in wanted and bug.ref not in wanted:
+            continue
+        path = author(bug)
+        print(f"{bug.ref}: {path.name} ({len(json.loads(path.read_text())['ops'])} ops)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
