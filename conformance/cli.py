@@ -612,6 +612,14 @@ def register_mutate(sub: Any) -> None:
     add_arguments(mu)
 
 
+def register_history(sub: Any) -> None:
+    from tailproof.conformance.history.cli import add_arguments, cmd_history
+
+    add_arguments(_sub(sub, "history", "list every upstream bug of the partial-tail path: its "
+                       "status in vLLM 0.33, the case or finding that covers it, the mutant "
+                       "that re-introduces it and whether the case kills it", cmd_history))
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     from tailproof.conformance import doctor
 
@@ -650,7 +658,8 @@ def register_stats(sub: Any) -> None:
 #: one entry per subcommand, in --help order (a new subcommand adds one register_* here)
 SUBCOMMANDS: list[Callable[[Any], None]] = [
     register_check, register_replay, register_validate, register_record, register_capture,
-    register_shrink, register_prove, register_mutate, register_doctor, register_stats,
+    register_shrink, register_prove, register_mutate, register_history, register_doctor,
+    register_stats,
 ]
 
 
