@@ -75,13 +75,15 @@ BUGS: list[Bug] = [
                     "the trace shows the positional Mamba put itself"),
     Bug("vllm#50359", "fixed upstream",
         "Store hit reconciliation reported a length one group has no object at: FA objects "
-        "at 32/64 and Mamba at 32/48 gave 48 (FA truncated, no key@48) instead of 32.",
-        f"{_MS}/coordinator.py:MooncakeStoreCoordinator._find_hit_blocks",
-        PRESENT, "not fixed in 0.33: #50359 was closed unmerged and its port #52272 is "
-        "open; 0.33's _find_hit_blocks breaks out after one pass for a simple FA+Mamba "
-        "hybrid and truncates FA blocks to cdiv(hit, B) without re-validating the FA key "
-        "at the reconciled boundary. Read from the source; no trace exhibits it yet (undone: "
-        "store_seed of FA@32/64 + Mamba@32/48 then store_lookup)."),
+        "at 32/64 and Mamba at 32/48 gave 48 with FA's key@48 missing (not loadable); the PR "
+        "answers 32.",
+        f"{_MS}/worker.py:MooncakeStoreWorker._tail_key_boundaries (after "
+        "MooncakeStoreCoordinator._find_hit_blocks)",
+        FIXED, "fixed in 0.33 in another form: #50359 was closed unmerged (port #52272 open) "
+        "and _find_hit_blocks still reports 48, but the worker's lookup then names, per "
+        "group, the stored key that holds the hit's tail: FA's object at 64 (tails "
+        "[[0, 64], [1, 48]]), whose block prefix covers tokens 32..48, so 48 is loadable.",
+        mutants=("mw-50359-tail-key-at-hit",), case="hist_50359_store_hit_at_fa_tail_key"),
     Bug("vllm#51766", "fixed upstream",
         "After an external hit plus a partial-tail CoW, core and worker disagree on the live "
         "Mamba column: a request continuing in its externally loaded block was not marked "

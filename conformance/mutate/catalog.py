@@ -5,8 +5,8 @@ replacement, written the way a reviewer of these modules would expect bugs to lo
 off-by-one at a boundary, a missed copy-on-write, a pin released early, a key left mapped after
 eviction, clipping skipped, a null block accepted, a fixed point stopped early, an EAGLE margin
 applied to the wrong group. Some re-introduce fixed upstream bugs (``upstream``): #43559 (in
-the core coordinator and in the store's copy of its fixed point), #49502, #51358, #51766,
-#52832, #54360 and #33775 (``conformance/history`` lists them with their cases).
+the core coordinator and in the store's copy of its fixed point), #49502, #50359, #51358,
+#51766, #52832, #54360 and #33775 (``conformance/history`` lists them with their cases).
 A mutant that cannot change behaviour carries the reason in ``equivalent``; it is reported,
 not scored.
 """
@@ -572,6 +572,12 @@ MUTANTS: list[Mutant] = [
        "if all(res[pos + j] == 1 for j in range(count)):",
        "if any(res[pos + j] == 1 for j in range(count)):",
        "a key counts as present when any rank's shard is"),
+    _m("mw-50359-tail-key-at-hit", MW, "MooncakeStoreWorker._tail_key_boundaries",
+       "if not contains_hit_boundary:\n            next_chunk_hash_idx", "if False:\n"
+       "            next_chunk_hash_idx",
+       "a reconciled hit inside a group's block names that group's key at the hit itself, "
+       "which no object has (FA stored at 32/64, Mamba at 32/48: the hit 48 is not loadable)",
+       upstream="#50359 (Revalidate exact partial-hash hit boundaries; port #52272)"),
     _m("mw-tail-key-skips-next", MW, "MooncakeStoreWorker._tail_key_boundaries",
        "for hash_idx in range(hit_boundary_hash_idx + 1, next_chunk_hash_idx):",
        "for hash_idx in range(hit_boundary_hash_idx + 2, next_chunk_hash_idx):",
