@@ -188,13 +188,16 @@ BUGS: list[Bug] = [
         mutants=("sc-junction-block-ceil",), case="core_j01_junction_off_grid_flag_off"),
     Bug("vllm#56142", "open upstream",
         "With separate target and draft full-attention groups, the shared-prefix checkpoint "
-        "candidate is the longest single-group hit (96 for hits 96/80/80) instead of being "
+        "(junction) is the longest single-group hit (96 for hits 96/80/80) instead of being "
         "bounded by every FA group's hit (80).",
         "v1/core/kv_cache_coordinator.py:HybridKVCacheCoordinator.find_longest_cache_hit "
-        "(shared-prefix boundary)",
-        NOT_APPLICABLE, "needs two full-attention groups with different hits (a draft group "
-        "of its own); the trace vocabulary's groups share one hash chain and one pool, so "
-        "FA groups cannot hit differently: no trace of 0.33 can show it."),
+        "(longest_hit_length -> num_uncached_common_prefix_tokens)",
+        PRESENT, "0.33 takes longest_hit_length = max over every attention group's hit as the "
+        "loop runs and returns longest - hit: B hits FA16 32, FA8 24 (its key at 32 evicted), "
+        "Mamba 0, and its junction is 32. Two FA groups of different block sizes stand in for "
+        "the target/draft pair (0.33's loop does not tell them apart).",
+        case="hist_56142_shared_prefix_checkpoint_past_a_group",
+        finding="junction_past_a_group"),
     Bug("vllm#49250", "open upstream",
         "The `recompute` preemption policy gives wrong output on Model Runner V2.",
         "v1/worker/gpu (Model Runner V2), outside the KV cache manager",

@@ -20,14 +20,19 @@ Witness = tuple[int, str]  # (op index, message)
 Obs = list[dict[str, Any] | None]
 
 #: Adapters whose observations speak for vLLM 0.33, most direct first.
-VLLM_VOICES = ("vllm-mooncake", "reference")
+VLLM_VOICES = ("vllm-mooncake", "vllm", "reference")
 
 
-def decode_boundary_dropped(ops: list[dict[str, Any]], obs: Obs) -> list[Witness]:
-    """vLLM #56972: a Mamba boundary state past the request's prompt that the core offers
+def decode_boundary_dropped(ops: list[dict[str, Any]], obs: Obs,
+                            config: dict[str, Any]) -> list[Witness]:
+    """vLLM #56972: with ``save_decode_cache`` on (decode blocks are saved for attention), a
+    Mamba boundary state past the request's prompt that the core offers
     (``take_boundary_state_offloads``) and the connector step offers but does not put
     (``MooncakeStoreScheduler._handle_boundary_state_offloads`` drops boundaries past
-    ``prefill_end_tokens``; a ``kv_consumer`` skips them all)."""
+    ``prefill_end_tokens``; a ``kv_consumer`` skips them all). Without ``save_decode_cache``
+    no group saves decode blocks: dropping the Mamba state there is the configuration's."""
+    if not (config.get("connector") or {}).get("save_decode_cache"):
+        return []
     prompts: dict[str, list[int]] = {}
     out: list[Witness] = []
     for i, (op, o) in enumerate(zip(ops, obs, strict=True)):
@@ -46,11 +51,55 @@ def decode_boundary_dropped(ops: list[dict[str, Any]], obs: Obs) -> list[Witness
     return out
 
 
+#: Ops that leave the pool's keys as they are (between a snapshot and the lookup it vouches for).
+_KEY_NEUTRAL = {"add_request", "new_step", "snapshot", "table", "conn_state", "store_keys"}
+
+
+def _fa_prefix(keys: set[tuple[int, int]], group: int, block: int) -> int:
+    """The longest run of ``group``'s full-block keys from 0 (an upper bound on any request's
+    hit in that group: keys of other prefixes only lengthen it)."""
+    b = 0
+    while (group, b + block) in keys:
+        b += block
+    return b
+
+
+def junction_past_a_group(ops: list[dict[str, Any]], obs: Obs,
+                          config: dict[str, Any]) -> list[Witness]:
+    """vLLM #56142: ``HybridKVCacheCoordinator.find_longest_cache_hit`` derives the shared-prefix
+    boundary from ``longest_hit_length``, the longest single-group hit, so a lookup's junction
+    can pass what another full-attention group holds. Read off a ``snapshot`` whose keys stand
+    until the ``lookup`` (only key-neutral ops between): each FA group's run of keys bounds its
+    hit from above, so a junction past the smallest bound is past that group's hit."""
+    fa = [(g, d["block_size"]) for g, d in enumerate(config["groups"])
+          if d["kind"] == "full_attention"]
+    if len(fa) < 2:
+        return []
+    out: list[Witness] = []
+    keys: set[tuple[int, int]] | None = None
+    for i, (op, o) in enumerate(zip(ops, obs, strict=True)):
+        if op["op"] == "snapshot" and o is not None:
+            keys = {(k[0], k[1]) for k in o.get("keys", [])}
+        elif op["op"] == "lookup" and o is not None and keys is not None:
+            junction = o.get("junction") or 0
+            bounds = {g: _fa_prefix(keys, g, b) for g, b in fa}
+            g_min = min(bounds, key=lambda g: bounds[g])
+            if junction > max(o.get("hit", 0), bounds[g_min]):
+                out.append((i, f"{op['rid']}'s junction {junction} passes full-attention "
+                               f"group {g_min}'s keys (at most {bounds[g_min]}; groups' runs "
+                               f"{[bounds[g] for g, _ in fa]})"))
+        elif op["op"] not in _KEY_NEUTRAL:
+            keys = None
+    return out
+
+
 #: Trace detectors: finding id -> (bug ref, invariant name, detector).
-TRACE_DETECTORS: dict[str, tuple[str, str, Callable[[list[dict[str, Any]], Obs],
-                                                    list[Witness]]]] = {
+Detector = Callable[[list[dict[str, Any]], Obs, list[dict[str, Any]]], list[Witness]]
+TRACE_DETECTORS: dict[str, tuple[str, str, Detector]] = {
     "decode_boundary_dropped": ("vllm#56972", "decode_boundary_state_stored",
                                 decode_boundary_dropped),
+    "junction_past_a_group": ("vllm#56142", "junction_within_every_fa_hit",
+                              junction_past_a_group),
 }
 
 #: Fields a store key must depend on for stored bytes to be interchangeable (vLLM #56971).
@@ -106,7 +155,7 @@ def trace_findings(results: Iterable[Any]) -> list[dict[str, Any]]:
             continue
         ops = r.trace.raw.get("ops", [])
         for fid, (_ref, _inv, detect) in TRACE_DETECTORS.items():
-            for i, msg in detect(ops, r.observations[voice]):
+            for i, msg in detect(ops, r.observations[voice], r.trace.raw["config"]):
                 found.setdefault(fid, []).append((r.trace.name, voice, i, msg))
     return [_finding(fid, TRACE_DETECTORS[fid][0], TRACE_DETECTORS[fid][1], ws)
             for fid, ws in found.items()]

@@ -141,3 +141,26 @@ def test_history_reports_a_surviving_mutant(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setattr(verify, "CASES", tmp_path)
     res = verify.verify_bug(b)
     assert res["m-49502-tail-only-on-cow"]["killed"] is False
+
+
+def test_56142_junction_past_a_group_is_a_finding_only_on_vllm_behaviour() -> None:
+    """vLLM's junction passes the smaller FA group's keys (a finding); the same ops with the
+    smaller group's key kept agree at every group, and nothing is reported."""
+    path = CASES_DIR / "hist_56142_shared_prefix_checkpoint_past_a_group.json"
+    run = run_trace(load_trace(path), ["reference", "vllm"], True)
+    assert not run.divergences
+    (f,) = hf.trace_findings([run])
+    assert f["bug"] == "vllm#56142" and f["op_index"] == 12 and "junction 32" in f["message"]
+    doc = _no_expect(json.loads(path.read_text()))
+    doc["ops"] = [o for o in doc["ops"] if o["op"] != "evict"]
+    kept = run_trace(parse_trace(doc, "<no evict>"), ["reference", "vllm"], True)
+    assert not kept.divergences and hf.trace_findings([kept]) == []
+
+
+def test_56972_needs_decode_saves_on() -> None:
+    """Without save_decode_cache no group saves decode blocks: not the bug, no finding."""
+    path = CASES_DIR / "hist_56972_decode_mamba_state_not_stored.json"
+    doc = _no_expect(json.loads(path.read_text()))
+    doc["config"]["connector"]["save_decode_cache"] = False
+    run = run_trace(parse_trace(doc, "<no decode saves>"), ["reference", "vllm-mooncake"], True)
+    assert not run.divergences and hf.trace_findings([run]) == []
