@@ -164,3 +164,12 @@ def test_56972_needs_decode_saves_on() -> None:
     doc["config"]["connector"]["save_decode_cache"] = False
     run = run_trace(parse_trace(doc, "<no decode saves>"), ["reference", "vllm-mooncake"], True)
     assert not run.divergences and hf.trace_findings([run]) == []
+
+
+def test_check_lists_every_present_bug_as_a_finding(capsys: pytest.CaptureFixture[str]) -> None:
+    """``check --json`` (the whole corpus) reports each present bug once, exit status 0."""
+    assert main(["check", "--no-prove", "--adapters", "reference", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["result"] == "agreed"
+    present = sorted(b.ref for b in BUGS if b.status == PRESENT)
+    assert sorted(f["bug"] for f in doc["findings"] if f.get("source") == "history") == present
