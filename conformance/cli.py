@@ -288,9 +288,21 @@ def cmd_check(args: argparse.Namespace) -> int:
         with contextlib.redirect_stdout(out):
             prove.print_table(rep)
         print(f"proofs: {'FAILED' if failed else 'passed'} ({rep['seconds']:.1f}s)", file=out)
+    findings += _history_findings(results, out, static=True)
     mutation = _check_mutation(out) if args.mutate else None
     return _finish(args, "check", info, adapters, not_run, False, results, seconds, proofs,
                    findings, t_start, mutation)
+
+
+def _history_findings(results: list[CaseResult], out: TextIO,
+                      static: bool) -> list[dict[str, Any]]:
+    """The open upstream bugs the replayed cases (and, for ``check``, the installed vLLM)
+    exhibit: findings, never failures (``conformance/history/findings.py``)."""
+    from tailproof.conformance.history import findings as history
+
+    found = history.trace_findings(results) + (history.static_findings() if static else [])
+    history.print_findings(found, out)
+    return found
 
 
 def _check_mutation(out: TextIO) -> dict[str, Any]:
@@ -351,7 +363,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     proofs = report.proofs_part(None, "replay runs no proofs", False)
     return _finish(args, "replay", info, adapters, not_run, args.strict_ids, results, seconds,
-                   proofs, [], t_start)
+                   proofs, _history_findings(results, out, static=False), t_start)
 
 
 def register_replay(sub: Any) -> None:
@@ -600,6 +612,14 @@ def register_mutate(sub: Any) -> None:
     add_arguments(mu)
 
 
+def register_history(sub: Any) -> None:
+    from tailproof.conformance.history.cli import add_arguments, cmd_history
+
+    add_arguments(_sub(sub, "history", "list every upstream bug of the partial-tail path: its "
+                       "status in vLLM 0.33, the case or finding that covers it, the mutant "
+                       "that re-introduces it and whether the case kills it", cmd_history))
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     from tailproof.conformance import doctor
 
@@ -638,7 +658,8 @@ def register_stats(sub: Any) -> None:
 #: one entry per subcommand, in --help order (a new subcommand adds one register_* here)
 SUBCOMMANDS: list[Callable[[Any], None]] = [
     register_check, register_replay, register_validate, register_record, register_capture,
-    register_shrink, register_prove, register_mutate, register_doctor, register_stats,
+    register_shrink, register_prove, register_mutate, register_history, register_doctor,
+    register_stats,
 ]
 
 
