@@ -15,6 +15,7 @@ from tailproof.conformance import limits
 from tailproof.conformance import ops as opspec
 from tailproof.conformance.tokens import TokenError, expand
 from tailproof.conformance.trace_checks import CheckError, check_config, check_ops
+from tailproof.conformance.trace_file import ReadRefused, read_trace_bytes
 from tailproof.spec.arithmetic import lcm_all
 
 FORMAT_TAG = "tailproof-trace/1"
@@ -338,9 +339,9 @@ def load_trace(path: str | Path) -> Trace:
     """Read and validate one trace file."""
     p = Path(path)
     try:
-        if p.stat().st_size > limits.MAX_FILE_BYTES:
-            raise TraceError(f"{p}: larger than {limits.MAX_FILE_BYTES} bytes (the limit)")
-        text = p.read_bytes().decode("utf-8")
+        text = read_trace_bytes(p).decode("utf-8")
+    except ReadRefused as e:
+        raise TraceError(f"{p}: {e}") from None
     except OSError as e:
         raise TraceError(f"{p}: cannot read: {e.strerror or e}") from None
     except UnicodeDecodeError as e:
