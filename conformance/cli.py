@@ -334,9 +334,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
     traces = load_all(args.traces)
     results, seconds = _conformance(args, traces, adapters, args.strict_ids, progress=False)
     from tailproof.conformance.show import check_expect_keys, format_show, parse_range
+    from tailproof.conformance.step_protocol import check_replayed
 
     for r in results:
         check_expect_keys(r)
+        check_replayed(r)
     if args.show:
         for r in results:
             print(format_show(r, parse_range(args.ops, len(r.trace.ops))), file=out)
