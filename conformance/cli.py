@@ -650,7 +650,9 @@ def register_stats(sub: Any) -> None:
              "lookups, hit split, puts/gets, failures and pinned blocks", cmd_stats)
     s.add_argument("url", metavar="URL",
                    help="the engine's address or metrics URL, e.g. http://127.0.0.1:8000")
-    s.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the engine")
+    s.add_argument("--timeout", type=float, default=5.0,
+                   help="seconds for the whole read: connect, headers and body (the response "
+                        "is also capped at 16 MiB)")
     s.add_argument("--json", action="store_true", help="print one JSON document on stdout")
 
 
