@@ -67,7 +67,7 @@ class _Oracle:
     def trace(self, ops: list[dict[str, Any]]) -> Trace | None:
         doc = dict(self.base, ops=ops)
         try:
-            return parse_trace(doc, "<shrink>")
+            return parse_trace(doc, "<shrink>", protocol=True)
         except TraceError:
             return None
 
@@ -154,7 +154,7 @@ def shrink(trace: Trace, adapters: list[str], strict: bool = False,
     keep_expect = len(adapters) < 2
     base = {k: v for k, v in trace.raw.items() if k != "ops"}
     ops = _plain_ops(trace, keep_expect)
-    first_trace = parse_trace(dict(base, ops=ops), trace.source)
+    first_trace = parse_trace(dict(base, ops=ops), trace.source, protocol=True)
     first = run_trace(first_trace, adapters, strict)
     problem = observed_problem(first_trace.ops, first.observations[adapters[0]])
     if problem is not None:

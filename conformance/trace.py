@@ -307,8 +307,10 @@ class OpReader:
             raise _err(self.source, f"{where}.blocks", "evict takes exactly one of blocks or keys")
 
 
-def parse_trace(doc: Any, source: str = "<trace>") -> Trace:
-    """Validate a decoded trace document and return it with normalised ops."""
+def parse_trace(doc: Any, source: str = "<trace>", protocol: bool = False) -> Trace:
+    """Validate a decoded trace document and return it with normalised ops; ``protocol``
+    adds the step protocol (docs/trace-format.md, "Step protocol"), which every trace the
+    CLI reads (``load_trace``) and every trace ``shrink`` emits must pass."""
     if not isinstance(doc, dict):
         raise _err(source, "trace", "must be a JSON object")
     if doc.get("format") != FORMAT_TAG:
@@ -328,7 +330,7 @@ def parse_trace(doc: Any, source: str = "<trace>") -> Trace:
     reader = OpReader(source)
     out = [reader.read(i, op) for i, op in enumerate(ops_doc)]
     try:
-        check_ops(out, config)
+        check_ops(out, config, protocol)
     except CheckError as e:
         raise TraceError(f"{source}: {e}") from None
     name = doc.get("name") or Path(source).stem
@@ -360,4 +362,4 @@ def load_trace(path: str | Path) -> Trace:
     problem = limits.depth_problem(doc)
     if problem:
         raise TraceError(f"{p}: {problem} (the limit)")
-    return parse_trace(doc, str(p))
+    return parse_trace(doc, str(p), protocol=True)

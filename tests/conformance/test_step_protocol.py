@@ -106,7 +106,7 @@ def test_dropped_commit_without_expectations_refused_by_replay(
 
 def test_shrink_never_takes_a_candidate_that_drops_a_commit() -> None:
     ops = [{k: v for k, v in op.items() if k != "expect"} for op in STEP]
-    trace = parse_trace(_doc(ops))
+    trace = parse_trace(_doc(ops), protocol=True)
     sig = ("reference", "expected", "commit", "computed")  # whatever: only the veto matters
     oracle = _Oracle({k: v for k, v in _doc(ops).items() if k != "ops"}, ["reference"], True,
                      sig)
@@ -118,6 +118,15 @@ def test_shrink_never_takes_a_candidate_that_drops_a_commit() -> None:
     assert not oracle.keeps(dropped)
     assert observed_problem(trace.ops, run_trace(trace, ["reference"]).observations[
         "reference"]) is None
+
+
+def test_in_process_parse_stays_permissive() -> None:
+    """The in-process fuzzers drive off-protocol sequences on purpose (the reference and vLLM
+    must agree there too): only the CLI's loader and shrink apply the protocol."""
+    ops, _ = BREAKS["duplicated commit"]
+    assert len(parse_trace(_doc(ops)).ops) == len(ops)
+    with pytest.raises(ValueError, match="commit of 'a' with no allocate"):
+        parse_trace(_doc(ops), protocol=True)
 
 
 def test_observed_keys_table_covers_every_observation() -> None:
