@@ -127,6 +127,19 @@ def _signals_unwind() -> Iterator[None]:
             signal.signal(s, handler)
 
 
+def _warn_wildcard_listeners() -> None:
+    """``--mooncake-master``: the run joins a master it did not start, so it stays in the
+    host's network namespace, where its Mooncake clients' listeners are wildcard (netns.py)."""
+    from tailproof.conformance.netns import loopback_only
+
+    if loopback_only():  # already in a namespace with only lo: nothing else to reach them
+        return
+    print("tailproof: warning: --mooncake-master: this run's Mooncake clients listen on all "
+          "interfaces (Mooncake binds them to the wildcard address; only a run that starts "
+          "its own master moves into a private network namespace): use it on a trusted "
+          "network, or leave --mooncake-master unset", file=sys.stderr)
+
+
 def _isolate_network() -> None:
     """Mooncake clients listen on every interface whatever they are told: a run that starts
     its own master moves into a private loopback-only network namespace first (root only)."""
@@ -158,7 +171,9 @@ def _impl_options(args: argparse.Namespace, adapters: list[str],
                              "pip install mooncake-transfer-engine-non-cuda (and "
                              "libibverbs1), or --store memory")
         address = args.mooncake_master
-        if not address:
+        if address:
+            _warn_wildcard_listeners()
+        else:
             from tailproof.conformance.local_master import LocalMaster
 
             _isolate_network()
@@ -346,9 +361,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
     traces = load_all(args.traces)
     results, seconds = _conformance(args, traces, adapters, args.strict_ids, progress=False)
     from tailproof.conformance.show import check_expect_keys, format_show, parse_range
+    from tailproof.conformance.step_protocol import check_replayed
 
     for r in results:
         check_expect_keys(r)
+        check_replayed(r)
     if args.show:
         for r in results:
             print(format_show(r, parse_range(args.ops, len(r.trace.ops))), file=out)
@@ -450,8 +467,10 @@ def cmd_capture(args: argparse.Namespace) -> int:
     info = vllm_compat.inspect_vllm(["vllm"])
     resolve_adapters(["vllm"], skip_missing=False, info=info)
     try:
-        res = capture(args.workload, args.output, seed=args.seed, connector=args.connector,
-                      geometry=args.geometry, redact=args.redact, max_bytes=args.max_bytes)
+        # SIGTERM unwinds like Ctrl-C: the recorder closes its file, the engine shuts down
+        with _signals_unwind():
+            res = capture(args.workload, args.output, seed=args.seed, connector=args.connector,
+                          geometry=args.geometry, redact=args.redact, max_bytes=args.max_bytes)
     except CaptureError as e:
         raise UsageError(str(e), "see tailproof capture --help") from None
     except OSError as e:
@@ -651,7 +670,9 @@ def register_stats(sub: Any) -> None:
              "lookups, hit split, puts/gets, failures and pinned blocks", cmd_stats)
     s.add_argument("url", metavar="URL",
                    help="the engine's address or metrics URL, e.g. http://127.0.0.1:8000")
-    s.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the engine")
+    s.add_argument("--timeout", type=float, default=5.0,
+                   help="seconds for the whole read: connect, headers and body (the response "
+                        "is also capped at 16 MiB)")
     s.add_argument("--json", action="store_true", help="print one JSON document on stdout")
 
 

@@ -50,7 +50,7 @@ from tailproof.impl.config import (
 from tailproof.impl.fingerprint import Fingerprint, check_tensors, fingerprint_from_vllm
 from tailproof.impl.keys import INITIAL_EPOCH, KeySpace, new_epoch
 from tailproof.impl.lookup import StoreLookup
-from tailproof.impl.meta import TailproofMeta
+from tailproof.impl.meta import TailproofMeta, TailproofWorkerMeta
 from tailproof.impl.metrics import (
     SchedulerMetrics,
     TailproofPromMetrics,
@@ -66,6 +66,8 @@ from tailproof.impl.worker_side import WorkerSide
 logger = logging.getLogger(__name__)
 
 _SHARED_LOCK = threading.Lock()
+#: longest a reset of a paused engine waits for the workers' store jobs (seconds)
+RESET_DRAIN_S = 30.0
 _SHARED: dict[str, list[Any]] = {}  # store config json -> [store, refcount]
 
 
@@ -264,6 +266,28 @@ class TailproofConnector(KVConnectorBase_V1, SupportsHMA):
         side = self.scheduler_side
         return side.epoch if side is not None else INITIAL_EPOCH
 
+    def drain_for_reset(self, collective_rpc: Any, timeout: float = RESET_DRAIN_S) -> bool:
+        """Before a prefix-cache reset of a paused engine (``EngineCore._reset_caches``, which
+        ``pause_scheduler(clear_cache=True)`` calls; the vLLM plugin wires it): finish every
+        worker's store jobs and take their reports now, so the jobs' pins are released.
+
+        Why: a paused scheduler runs no step, so no worker report arrives and the pins stay;
+        ``BlockPool.reset_prefix_cache`` then fails (blocks in use) and, with
+        ``reset_running_requests``, vLLM 0.33's ``Scheduler.reset_prefix_cache`` raises. The
+        pins must not simply be dropped: a job may still be reading those blocks. Jobs still
+        running after ``timeout`` keep theirs (the reset then fails as before, bounded).
+        Returns whether no pin is left."""
+        side = self.scheduler_side
+        if side is None or not side.has_pending_push_work():
+            return True
+        agg: TailproofWorkerMeta | None = None
+        for meta in collective_rpc(drain_worker, args=(timeout,)) or []:
+            if isinstance(meta, TailproofWorkerMeta):
+                agg = meta if agg is None else agg.aggregate(meta)
+        if agg is not None:
+            side.update_connector_output(agg)
+        return not side.has_pending_push_work()
+
     def reset_cache(self) -> bool | None:
         """Make this engine's stored KV unreachable for it: move to a fresh key epoch.
 
@@ -363,6 +387,22 @@ class TailproofConnector(KVConnectorBase_V1, SupportsHMA):
         per_engine_labelvalues: dict[int, list[object]],
     ) -> TailproofPromMetrics:
         return TailproofPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+
+
+def drain_worker(worker: Any, timeout: float) -> TailproofWorkerMeta | None:
+    """Runs on every worker (``collective_rpc``, ``TailproofConnector.drain_for_reset``): wait
+    up to ``timeout`` for this rank's store jobs, then hand over the report the next step's
+    ``build_connector_worker_meta`` would have sent (taken here, so it is sent exactly once)."""
+    from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
+
+    if not has_kv_transfer_group():
+        return None
+    conn = get_kv_transfer_group()
+    if not isinstance(conn, TailproofConnector) or conn.worker_side is None:
+        return None
+    conn.worker_side.wait_idle(timeout)
+    meta = conn.build_connector_worker_meta()
+    return meta if isinstance(meta, TailproofWorkerMeta) else None
 
 
 def _with_namespace(s: Settings, ns: str) -> Settings:
