@@ -70,6 +70,11 @@ class Settings:
     # With the extension on: a lookup whose prompt extends a Mamba boundary an in-flight store
     # job is putting (a turn that arrives as its predecessor finishes) waits for that job.
     checkpoint_lookup_wait: bool = True
+    # Local hits whose attention prefix runs past a lagging Mamba state (docs/impl.md, "Divergent
+    # local hits"): vLLM then asks the store for the rest, and a load restores the Mamba state
+    # at its hit, so requests share the attention blocks of a prefix the device still holds
+    # instead of each loading a private copy (``supports_divergent_local_hybrid_hits``).
+    divergent_local_hits: bool = False
 
     @property
     def reuse_extension(self) -> bool:
@@ -111,6 +116,7 @@ _SETTING_TYPES: dict[str, type | tuple[type, ...]] = {
     "junction_checkpoints": bool,
     "junction_index_blocks": int,
     "checkpoint_lookup_wait": bool,
+    "divergent_local_hits": bool,
 }
 MAX_CHECKPOINT_SLOTS = 4096
 MAX_THREADS = 8  # data-plane threads per kind: copies are memory-bound, more only contend
