@@ -434,6 +434,19 @@ def resolve_reuse_extension(settings: Settings, geo: StoreGeometry, vllm_config:
     return replace(settings, **values), errors, notes
 
 
+def divergent_hits_limits(geo: StoreGeometry, vllm_config: Any) -> list[str]:
+    """Why ``divergent_local_hits`` cannot run on this engine: a load restores only what lies
+    past the local hit plus the Mamba state at its end, so a lagging sliding-window group (its
+    window below the local hit) and EAGLE's dropped proof block would be left unrestored."""
+    why: list[str] = []
+    if getattr(vllm_config, "speculative_config", None) is not None or geo.use_eagle:
+        why.append("speculative decoding is configured")
+    if geo.window_group_ids:
+        groups = sorted(geo.core_group_ids[g] for g in geo.window_group_ids)
+        why.append(f"KV cache group(s) {groups} use a sliding window")
+    return [f"divergent_local_hits=true is not supported here: {w}" for w in why]
+
+
 def reuse_extension_limits(geo: StoreGeometry, vllm_config: Any, kv_cache_config: Any
                            ) -> list[str]:
     """Why the reuse extension (docs/reuse.md, "Limits") cannot run on this engine: a

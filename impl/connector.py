@@ -43,6 +43,7 @@ from tailproof.impl.config import (
     Settings,
     StoreGeometry,
     check_store_placement,
+    divergent_hits_limits,
     geometry_from_vllm,
     parse_settings,
     resolve_reuse_extension,
@@ -166,6 +167,9 @@ class TailproofConnector(KVConnectorBase_V1, SupportsHMA):
             self.settings, self.geo, vllm_config, kv_cache_config)
         if reuse_errors:
             raise ConfigError(reuse_errors)
+        if self.settings.divergent_local_hits:
+            if divergent_errors := divergent_hits_limits(self.geo, vllm_config):
+                raise ConfigError(divergent_errors)
         for note in reuse_notes:
             logger.info("TailproofConnector: %s", note)
         par = vllm_config.parallel_config

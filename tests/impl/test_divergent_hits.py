@@ -80,3 +80,26 @@ def test_divergent_hit_shares_attention_blocks(store_ns: dict, divergent: bool) 
     assert e2.conn.scheduler_side.pinned_saves == {} and e2.refcounts() == {}
     e2.shutdown()
     e1.shutdown()
+
+
+def test_divergent_hits_refuse_windows_and_speculation() -> None:
+    """A lagging sliding window or EAGLE's dropped block would be left unrestored: refused,
+    each problem naming the setting; a plain hybrid is accepted."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from tailproof.impl.config import StoreGeometry, divergent_hits_limits
+
+    geo = StoreGeometry(core_group_ids=(0, 1), block_sizes=(4, 16), is_mamba=(False, True),
+                        hash_block_size=4, lcm_block_size=16, partial_hits=True,
+                        use_eagle=False)
+    plain = SimpleNamespace(speculative_config=None)
+    assert divergent_hits_limits(geo, plain) == []
+    windowed = replace(geo, window_group_ids=frozenset({0}))
+    assert divergent_hits_limits(windowed, plain) == [
+        "divergent_local_hits=true is not supported here: KV cache group(s) [0] use a "
+        "sliding window"]
+    probs = divergent_hits_limits(replace(geo, use_eagle=True), plain)
+    assert probs == ["divergent_local_hits=true is not supported here: speculative decoding "
+                     "is configured"]
+    assert len(divergent_hits_limits(windowed, SimpleNamespace(speculative_config=object()))) == 2
