@@ -70,6 +70,11 @@ class Settings:
     # With the extension on: a lookup whose prompt extends a Mamba boundary an in-flight store
     # job is putting (a turn that arrives as its predecessor finishes) waits for that job.
     checkpoint_lookup_wait: bool = True
+    # Local hits whose attention prefix runs past a lagging Mamba state (docs/impl.md, "Divergent
+    # local hits"): vLLM then asks the store for the rest, and a load restores the Mamba state
+    # at its hit, so requests share the attention blocks of a prefix the device still holds
+    # instead of each loading a private copy (``supports_divergent_local_hybrid_hits``).
+    divergent_local_hits: bool = False
 
     @property
     def reuse_extension(self) -> bool:
@@ -111,6 +116,7 @@ _SETTING_TYPES: dict[str, type | tuple[type, ...]] = {
     "junction_checkpoints": bool,
     "junction_index_blocks": int,
     "checkpoint_lookup_wait": bool,
+    "divergent_local_hits": bool,
 }
 MAX_CHECKPOINT_SLOTS = 4096
 MAX_THREADS = 8  # data-plane threads per kind: copies are memory-bound, more only contend
@@ -459,6 +465,19 @@ def resolve_reuse_extension(settings: Settings, geo: StoreGeometry, vllm_config:
         else:
             values[key] = False
     return replace(settings, **values), errors, notes
+
+
+def divergent_hits_limits(geo: StoreGeometry, vllm_config: Any) -> list[str]:
+    """Why ``divergent_local_hits`` cannot run on this engine: a load restores only what lies
+    past the local hit plus the Mamba state at its end, so a lagging sliding-window group (its
+    window below the local hit) and EAGLE's dropped proof block would be left unrestored."""
+    why: list[str] = []
+    if getattr(vllm_config, "speculative_config", None) is not None or geo.use_eagle:
+        why.append("speculative decoding is configured")
+    if geo.window_group_ids:
+        groups = sorted(geo.core_group_ids[g] for g in geo.window_group_ids)
+        why.append(f"KV cache group(s) {groups} use a sliding window")
+    return [f"divergent_local_hits=true is not supported here: {w}" for w in why]
 
 
 def reuse_extension_limits(geo: StoreGeometry, vllm_config: Any, kv_cache_config: Any

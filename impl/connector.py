@@ -43,6 +43,7 @@ from tailproof.impl.config import (
     Settings,
     StoreGeometry,
     check_store_placement,
+    divergent_hits_limits,
     geometry_from_vllm,
     parse_settings,
     resolve_reuse_extension,
@@ -128,6 +129,17 @@ class TailproofConnector(KVConnectorBase_V1, SupportsHMA):
         preempted request still had in flight needs delivering; a dropped save is a miss."""
         return False
 
+    @property
+    def supports_divergent_local_hybrid_hits(self) -> bool:
+        """``divergent_local_hits``: vLLM 0.33's ``Scheduler._get_local_prefix_cache_hit`` then
+        reports the full-attention hit (``KVCacheManager.get_computed_blocks_for_connector``)
+        even where a Mamba state lags it. Sound here because every store hit carries the Mamba
+        state at exactly its end (``lookup``) and every load restores it; with no external
+        tokens vLLM reconciles to the hit all groups agree on, and a failed asynchronous load
+        recomputes from 0 (``Scheduler._handle_failed_recving``)."""
+        settings = getattr(self, "settings", None)
+        return bool(settings is not None and settings.divergent_local_hits)
+
     def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         if kv_cache_config is None:
@@ -156,6 +168,9 @@ class TailproofConnector(KVConnectorBase_V1, SupportsHMA):
             self.settings, self.geo, vllm_config, kv_cache_config)
         if reuse_errors:
             raise ConfigError(reuse_errors)
+        if self.settings.divergent_local_hits:
+            if divergent_errors := divergent_hits_limits(self.geo, vllm_config):
+                raise ConfigError(divergent_errors)
         for note in reuse_notes:
             logger.info("TailproofConnector: %s", note)
         par = vllm_config.parallel_config
