@@ -280,7 +280,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         from tailproof.spec import prove
 
         t0 = time.monotonic()
-        rep = prove.run(quick=args.quick, progress=prove.stderr_progress(t0))
+        rep = prove.run(quick=args.quick, progress=prove.stderr_progress(t0),
+                        jobs=prove.default_jobs())
         rep["seconds"] = round(time.monotonic() - t0, 3)
         failed = prove.failed(rep)
         proofs = report.proofs_part(rep, None, failed)
@@ -569,10 +570,14 @@ def cmd_prove(args: argparse.Namespace) -> int:
     _require_prover()
     if args.export is not None and not Path(args.export).is_dir():
         raise UsageError(f"--export: {args.export} is not a directory", "create it first")
+    if args.jobs is not None and args.jobs < 1:
+        raise UsageError(f"--jobs: {args.jobs} is not a number of processes", "--jobs 2")
     from tailproof.spec.prove import main as prove_main
 
     argv = (["--json"] if args.json else []) + (["--quick"] if args.quick else [])
     argv += ["--export", str(args.export)] if args.export is not None else []
+    argv += ["--jobs", str(args.jobs)] if args.jobs is not None else []
+    argv += ["--no-symmetry"] if args.no_symmetry else []
     return prove_main(argv)
 
 
@@ -583,6 +588,10 @@ def register_prove(sub: Any) -> None:
     pr.add_argument("--quick", action="store_true", help="lower bounds (a few seconds)")
     pr.add_argument("--export", default=None, metavar="DIR",
                     help="write each mutant counterexample as a conformance trace into DIR")
+    pr.add_argument("--jobs", "-j", type=int, default=None, metavar="N",
+                    help="worker processes for the independent checks (default: usable CPUs)")
+    pr.add_argument("--no-symmetry", action="store_true",
+                    help="bounded search without symmetry reduction (to compare state counts)")
 
 
 def cmd_mutate(args: argparse.Namespace) -> int:
