@@ -167,6 +167,7 @@ def run(quick: bool = False, export: Path | None = None,
         tasks.append((f"finding: {label}", bmc, (cfg, depth)))
     order = [2 + i for i in _COSTLIEST_FIRST if i < n_bmc]
     order += [i for i in range(len(tasks)) if i not in order]
+    say(f"{len(tasks)} tasks in {jobs} worker process{'es' if jobs > 1 else ''}")
     results = _run_tasks(tasks, order, jobs, say)
     cpu = sum(c for _, c in results)
     res = iter(results)
