@@ -256,12 +256,26 @@ def _finish(args: argparse.Namespace, command: str, info: vllm_compat.VllmInfo,
 def cmd_check(args: argparse.Namespace) -> int:
     """The main job: the whole corpus on every installed adapter, then the proofs."""
     t_start = time.perf_counter()
+    run: Any = None
+    if not args.no_prove:
+        _require_prover()
+        from tailproof.spec import prove
+
+        # Started first: the pool forks from a process without vLLM and torch loaded and proves
+        # while the corpus replays (``tailproof prove --jobs``: the same report).
+        run = prove.ProofRun(quick=args.quick, jobs=prove.default_jobs())
+    try:
+        return _check(args, t_start, run)
+    finally:
+        if run is not None:
+            run.close()
+
+
+def _check(args: argparse.Namespace, t_start: float, run: Any) -> int:
     out = sys.stderr if args.json else sys.stdout
     wanted = parse_adapters(args.adapters, "--adapters") if args.adapters else list(ADAPTERS)
     info = vllm_compat.inspect_vllm(wanted)
     adapters, not_run = resolve_adapters(wanted, skip_missing=True, info=info)
-    if not args.no_prove:
-        _require_prover()
     _check_junit(args)
     traces = load_all(corpus_paths())
     print(f"tailproof check: {len(traces)} cases on {', '.join(adapters)} ({_vllm_line(info)})"
@@ -276,13 +290,10 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     proofs = report.proofs_part(None, "--no-prove", False)
     findings: list[dict[str, Any]] = []
-    if not args.no_prove:
+    if run is not None:
         from tailproof.spec import prove
 
-        t0 = time.monotonic()
-        rep = prove.run(quick=args.quick, progress=prove.stderr_progress(t0),
-                        jobs=prove.default_jobs())
-        rep["seconds"] = round(time.monotonic() - t0, 3)
+        rep = prove.report(run, progress=prove.stderr_progress(run.t0))
         failed = prove.failed(rep)
         proofs = report.proofs_part(rep, None, failed)
         findings = rep["findings"]

@@ -110,33 +110,79 @@ def default_jobs() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def _run_tasks(tasks: list[tuple[str, Callable[..., Any], tuple]], order: list[int], jobs: int,
-               say: Callable[[str], None]) -> list[tuple[Any, float]]:
-    """Every task's ``(result, cpu seconds)``, in task order whatever order they finish in.
-    ``jobs`` > 1 runs them in a process pool, submitted in ``order``; Ctrl-C terminates the
-    workers and propagates ``KeyboardInterrupt``."""
-    out: list[tuple[Any, float] | None] = [None] * len(tasks)
-    if jobs <= 1:
-        for i in order:
-            name, fn, args = tasks[i]
-            say(name)
-            out[i] = _timed(fn, *args)
+class ProofRun:
+    """Every proof task, started in a pool of ``jobs`` processes when created (``jobs`` = 1:
+    run one after the other in :meth:`results`). ``tailproof check`` starts one before the
+    corpus replays, so the proofs use the cores the replay leaves idle. A context manager: on
+    exit (Ctrl-C included) the workers are terminated."""
+
+    def __init__(self, quick: bool = False, jobs: int = 1, symmetry: bool = True) -> None:
+        self.quick, self.jobs, self.symmetry = quick, jobs, symmetry
+        self.t0 = time.monotonic()
+        self.tasks = _tasks(quick, symmetry)
+        # z3 first: its queries have wall-clock timeouts, best not met behind a busy core
+        order = [0, 1] + [2 + i for i in _COSTLIEST_FIRST if i < len(BMC_INSTANCES)]
+        self.order = order + [i for i in range(len(self.tasks)) if i not in order]
+        self.pool: Any = None
+        self.pending: dict[int, Any] = {}
+        if jobs > 1:
+            ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+            self.pool = ctx.Pool(min(jobs, len(self.tasks)), initializer=_ignore_sigint)
+            self.pending = {i: self.pool.apply_async(_timed, (self.tasks[i][1],
+                                                              *self.tasks[i][2]))
+                            for i in self.order}
+
+    def __enter__(self) -> ProofRun:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Terminate the workers (a no-op once they are gone)."""
+        if self.pool is not None:
+            self.pool.terminate()
+            self.pool.join()
+            self.pool = None
+
+    def results(self, say: Callable[[str], None]) -> list[tuple[Any, float]]:
+        """Every task's ``(result, cpu seconds)`` in task order, whatever order they finish in;
+        ``say`` is told each task as it starts (one process) or ends (a pool)."""
+        say(f"{len(self.tasks)} tasks in {self.jobs} worker "
+            f"process{'es' if self.jobs > 1 else ''}")
+        out: list[tuple[Any, float] | None] = [None] * len(self.tasks)
+        if self.pool is None:
+            for i in self.order:
+                name, fn, args = self.tasks[i]
+                say(name)
+                out[i] = _timed(fn, *args)
+        while self.pending:
+            for i in [i for i, r in self.pending.items() if r.ready()]:
+                res = out[i] = self.pending.pop(i).get()
+                say(f"{self.tasks[i][0]}: done ({res[1]:.1f}s CPU)")
+            if self.pending:
+                next(iter(self.pending.values())).wait(0.05)
+        self.close()
         return [r for r in out if r is not None]
-    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-    pool = ctx.Pool(min(jobs, len(tasks)), initializer=_ignore_sigint)
-    try:
-        pending = {i: pool.apply_async(_timed, (tasks[i][1], *tasks[i][2])) for i in order}
-        while pending:
-            for i in [i for i, r in pending.items() if r.ready()]:
-                out[i] = pending.pop(i).get()
-                say(f"{tasks[i][0]}: done ({out[i][1]:.1f}s CPU)")  # type: ignore[index]
-            if pending:
-                next(iter(pending.values())).wait(0.05)
-        pool.close()
-    finally:
-        pool.terminate()
-        pool.join()
-    return [r for r in out if r is not None]
+
+
+def _tasks(quick: bool, symmetry: bool) -> list[tuple[str, Callable[..., Any], tuple]]:
+    """(progress name, function, arguments) of every proof, in report order."""
+    tasks: list[tuple[str, Callable[..., Any], tuple]] = [
+        ("z3 lemmas", all_lemmas, ()), ("z3 induction step", all_induction, ())]
+    for label, cfg, depth, qdepth in BMC_INSTANCES:
+        d = qdepth if quick else depth
+        if symmetry:
+            tasks.append((f"all invariants [{label}] (BMC, depth {d})", bmc, (cfg, d)))
+        else:
+            tasks.append((f"all invariants [{label}] (BMC, depth {d}, no symmetry)",
+                          _bmc_plain, (cfg, d)))
+    for name in MUTANTS:
+        tasks.append((f"mutant {name}", _mutant_task, (name, 12 if not quick else 11, symmetry)))
+    tasks.append(("lemma and induction mutants", _z3_mutants, ()))
+    for label, cfg, depth, _why, _fname in FINDINGS:
+        tasks.append((f"finding: {label}", bmc, (cfg, depth)))
+    return tasks
 
 
 def _mutant_task(name: str, depth: int, symmetry: bool) -> Any:
@@ -149,26 +195,17 @@ def run(quick: bool = False, export: Path | None = None,
     """Run everything; return the JSON report. ``progress`` is told each task as it starts
     (``jobs`` = 1) or finishes (a pool of ``jobs`` processes; the report's order is the same).
     ``symmetry`` = False turns the bounded search's symmetry reduction off (to compare counts)."""
+    with ProofRun(quick, jobs, symmetry) as proofs:
+        return report(proofs, export, progress)
+
+
+def report(proofs: ProofRun, export: Path | None = None,
+           progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Wait for a :class:`ProofRun`'s results and build the JSON report (``seconds``: from the
+    run's start)."""
     say = progress or (lambda _name: None)
-    tasks: list[tuple[str, Callable[..., Any], tuple]] = [
-        ("z3 lemmas", all_lemmas, ()), ("z3 induction step", all_induction, ())]
-    for label, cfg, depth, qdepth in BMC_INSTANCES:
-        d = qdepth if quick else depth
-        if symmetry:
-            tasks.append((f"all invariants [{label}] (BMC, depth {d})", bmc, (cfg, d)))
-        else:
-            tasks.append((f"all invariants [{label}] (BMC, depth {d}, no symmetry)",
-                          _bmc_plain, (cfg, d)))
-    n_bmc = len(BMC_INSTANCES)
-    for name in MUTANTS:
-        tasks.append((f"mutant {name}", _mutant_task, (name, 12 if not quick else 11, symmetry)))
-    tasks.append(("lemma and induction mutants", _z3_mutants, ()))
-    for label, cfg, depth, _why, _fname in FINDINGS:
-        tasks.append((f"finding: {label}", bmc, (cfg, depth)))
-    order = [2 + i for i in _COSTLIEST_FIRST if i < n_bmc]
-    order += [i for i in range(len(tasks)) if i not in order]
-    say(f"{len(tasks)} tasks in {jobs} worker process{'es' if jobs > 1 else ''}")
-    results = _run_tasks(tasks, order, jobs, say)
+    quick = proofs.quick
+    results = proofs.results(say)
     cpu = sum(c for _, c in results)
     res = iter(results)
     props: list[Row] = []
@@ -242,7 +279,8 @@ def run(quick: bool = False, export: Path | None = None,
         findings.append(f)
     return {"properties": [p.as_json() for p in props], "mutants": mutants,
             "findings": findings, "invariants": names.split(","), "bmc_coverage": coverage,
-            "jobs": jobs, "symmetry": symmetry, "cpu_seconds": round(cpu, 3)}
+            "jobs": proofs.jobs, "symmetry": proofs.symmetry, "cpu_seconds": round(cpu, 3),
+            "seconds": round(time.monotonic() - proofs.t0, 3)}
 
 
 def _bmc_plain(cfg: Config, depth: int) -> Any:
