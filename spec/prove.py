@@ -4,6 +4,9 @@ Prints a table (property, method, bound, result, seconds) or, with ``--json``, o
 ``properties``, ``mutants`` and ``findings``. Exit status 1 if a proof fails (counterexample
 or unknown) or a mutant survives, else 0. ``--export DIR`` also writes every mappable mutant
 counterexample as a conformance trace ``spec_<mutant>.json``; ``--quick`` lowers the bounds.
+The checks are independent and run in a pool of ``--jobs`` processes (default: the usable
+CPUs; the report's order does not depend on it); ``--no-symmetry`` searches without the
+symmetry reduction of :mod:`spec.symmetry` (the state counts it saves).
 """
 
 from __future__ import annotations
