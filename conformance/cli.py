@@ -271,12 +271,26 @@ def _finish(args: argparse.Namespace, command: str, info: vllm_compat.VllmInfo,
 def cmd_check(args: argparse.Namespace) -> int:
     """The main job: the whole corpus on every installed adapter, then the proofs."""
     t_start = time.perf_counter()
+    run: Any = None
+    if not args.no_prove:
+        _require_prover()
+        from tailproof.spec import prove
+
+        # Started first: the pool forks from a process without vLLM and torch loaded and proves
+        # while the corpus replays (``tailproof prove --jobs``: the same report).
+        run = prove.ProofRun(quick=args.quick, jobs=prove.default_jobs())
+    try:
+        return _check(args, t_start, run)
+    finally:
+        if run is not None:
+            run.close()
+
+
+def _check(args: argparse.Namespace, t_start: float, run: Any) -> int:
     out = sys.stderr if args.json else sys.stdout
     wanted = parse_adapters(args.adapters, "--adapters") if args.adapters else list(ADAPTERS)
     info = vllm_compat.inspect_vllm(wanted)
     adapters, not_run = resolve_adapters(wanted, skip_missing=True, info=info)
-    if not args.no_prove:
-        _require_prover()
     _check_junit(args)
     traces = load_all(corpus_paths())
     print(f"tailproof check: {len(traces)} cases on {', '.join(adapters)} ({_vllm_line(info)})"
@@ -291,12 +305,10 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     proofs = report.proofs_part(None, "--no-prove", False)
     findings: list[dict[str, Any]] = []
-    if not args.no_prove:
+    if run is not None:
         from tailproof.spec import prove
 
-        t0 = time.monotonic()
-        rep = prove.run(quick=args.quick, progress=prove.stderr_progress(t0))
-        rep["seconds"] = round(time.monotonic() - t0, 3)
+        rep = prove.report(run, progress=prove.stderr_progress(run.t0))
         failed = prove.failed(rep)
         proofs = report.proofs_part(rep, None, failed)
         findings = rep["findings"]
@@ -600,10 +612,14 @@ def cmd_prove(args: argparse.Namespace) -> int:
     _require_prover()
     if args.export is not None and not Path(args.export).is_dir():
         raise UsageError(f"--export: {args.export} is not a directory", "create it first")
+    if args.jobs is not None and args.jobs < 1:
+        raise UsageError(f"--jobs: {args.jobs} is not a number of processes", "--jobs 2")
     from tailproof.spec.prove import main as prove_main
 
     argv = (["--json"] if args.json else []) + (["--quick"] if args.quick else [])
     argv += ["--export", str(args.export)] if args.export is not None else []
+    argv += ["--jobs", str(args.jobs)] if args.jobs is not None else []
+    argv += ["--no-symmetry"] if args.no_symmetry else []
     return prove_main(argv)
 
 
@@ -614,6 +630,10 @@ def register_prove(sub: Any) -> None:
     pr.add_argument("--quick", action="store_true", help="lower bounds (a few seconds)")
     pr.add_argument("--export", default=None, metavar="DIR",
                     help="write each mutant counterexample as a conformance trace into DIR")
+    pr.add_argument("--jobs", "-j", type=int, default=None, metavar="N",
+                    help="worker processes for the independent checks (default: usable CPUs)")
+    pr.add_argument("--no-symmetry", action="store_true",
+                    help="bounded search without symmetry reduction (to compare state counts)")
 
 
 def cmd_mutate(args: argparse.Namespace) -> int:

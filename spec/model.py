@@ -25,8 +25,7 @@ teeth.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
+from . import symmetry
 from .arithmetic import (
     cdiv,
     clip_joint_hit,
@@ -92,24 +91,18 @@ class State:
         s.last_hit, s.last_reset = None, None
         return s
 
-    def fingerprint(self) -> tuple:
-        """Canonical value for state-space search: job ids and step numbers made relative."""
-        jobs = sorted(
-            (j.rid, j.epoch, j.ids, j.puts, self.executed - j.fence, j.ran, j.reported, j.released)
-            for j in self.jobs.values()
-        )
-        return (
-            tuple(self.ref), tuple(self.fq), tuple(sorted(self.keys.items())),
-            tuple(self.content),
-            tuple((r.status, r.computed, tuple(r.fa), tuple(r.mamba), r.marker, r.stops, r.epoch,
-                   r.slot) for r in self.reqs),
-            tuple(self.pending_copies),
-            tuple((self.executed - f, i, k) for f, i, k in self.retained),
-            tuple(self.offloads), tuple(jobs), tuple(sorted(self.store.items())), self.pressure,
-            self.skip, self.phase, self.step - self.executed, tuple(sorted(self.this_step)),
-            tuple(sorted(self.fresh)), tuple(sorted(self.scheduled.items())), tuple(self.copies),
-            tuple(self.snapshots), self.violations,
-        )
+    def fingerprint(self, reduce: bool = True) -> tuple:
+        """Canonical value for state-space search (:mod:`spec.symmetry`): block ids and worker
+        ranks up to renaming, job ids and step numbers made relative."""
+        return symmetry.fingerprint(self, reduce)
+
+    def extra_blocks(self) -> tuple[int, ...]:
+        """Blocks named by fields a subclass adds (a mutant's), for the canonical walk."""
+        return ()
+
+    def extra_fingerprint(self, lab: list[int]) -> tuple:
+        """Fields a subclass adds, block ids renamed by ``lab`` (:mod:`spec.symmetry`)."""
+        return ()
 
     def bad(self, msg: str) -> None:
         self.violations = self.violations + (msg,)
@@ -638,7 +631,7 @@ class State:
         """One worker rank runs a store job after the step's event: pressure gate, then the
         boundary puts (``ok``: all stored; ``full``: -200, pressure; ``error``: nothing)."""
         j = self.jobs[jid]
-        self.jobs[jid] = replace(j, ran=j.ran | {rank})
+        self.jobs[jid] = j.but(ran=j.ran | {rank})
         live = self.reqs[j.rid].epoch == j.epoch
         if not live or (self.pressure and j.rid in self.skip):
             return
@@ -653,11 +646,11 @@ class State:
     def do_report(self, jid: int, rank: int) -> None:
         """``update_connector_output``: a rank reports; the pins go when every rank has."""
         j = self.jobs[jid]
-        j = replace(j, reported=j.reported | {rank})
+        j = j.but(reported=j.reported | {rank})
         done = len(j.reported) == self.cfg.workers
         if self.unpins(j) and not j.released:
             self.free_blocks(list(reversed(j.ids)))
-            j = replace(j, released=True)
+            j = j.but(released=True)
         if done:
             del self.jobs[jid]
         else:

@@ -4,12 +4,18 @@ Prints a table (property, method, bound, result, seconds) or, with ``--json``, o
 ``properties``, ``mutants`` and ``findings``. Exit status 1 if a proof fails (counterexample
 or unknown) or a mutant survives, else 0. ``--export DIR`` also writes every mappable mutant
 counterexample as a conformance trace ``spec_<mutant>.json``; ``--quick`` lowers the bounds.
+The checks are independent and run in a pool of ``--jobs`` processes (default: the usable
+CPUs; the report's order does not depend on it); ``--no-symmetry`` searches without the
+symmetry reduction of :mod:`spec.symmetry` (the state counts it saves).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing as mp
+import os
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -68,45 +74,163 @@ class Row:
     bound: str
     result: str
     seconds: float
+    states: int | None = None  # states a bounded search explored (after symmetry reduction)
 
     def as_json(self) -> dict[str, Any]:
-        return {"name": self.name, "method": self.method, "bound": self.bound,
-                "result": self.result, "seconds": round(self.seconds, 3)}
+        out: dict[str, Any] = {"name": self.name, "method": self.method, "bound": self.bound,
+                               "result": self.result, "seconds": round(self.seconds, 3)}
+        if self.states is not None:
+            out["states"] = self.states
+        return out
 
 
 def _bound(cfg: Config, depth: int) -> str:
     return f"K={depth} N={cfg.num_blocks} R={len(cfg.prompts)} W={cfg.workers}"
 
 
+#: Submission order of the bounded checks, costliest first (measured CPU seconds at the full
+#: bounds: only the pool's schedule depends on it, never a result)
+_COSTLIEST_FIRST = (0, 8, 7, 6, 2, 5, 1, 4, 3)
+
+
+def _timed(fn: Callable[..., Any], *args: Any) -> tuple[Any, float]:
+    """Run one proof task; its result and the CPU seconds it took (the pool's accounting)."""
+    c0 = time.process_time()
+    out = fn(*args)
+    return out, time.process_time() - c0
+
+
+def _ignore_sigint() -> None:
+    """Pool workers leave Ctrl-C to the parent, which terminates them (no traceback per worker)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def default_jobs() -> int:
+    """The CPUs this process may run on (the bounded checks are independent)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+class ProofRun:
+    """Every proof task, started in a pool of ``jobs`` processes when created (``jobs`` = 1:
+    run one after the other in :meth:`results`). ``tailproof check`` starts one before the
+    corpus replays, so the proofs use the cores the replay leaves idle. A context manager: on
+    exit (Ctrl-C included) the workers are terminated."""
+
+    def __init__(self, quick: bool = False, jobs: int = 1, symmetry: bool = True) -> None:
+        self.quick, self.jobs, self.symmetry = quick, jobs, symmetry
+        self.t0 = time.monotonic()
+        self.tasks = _tasks(quick, symmetry)
+        # z3 first: its queries have wall-clock timeouts, best not met behind a busy core
+        order = [0, 1] + [2 + i for i in _COSTLIEST_FIRST if i < len(BMC_INSTANCES)]
+        self.order = order + [i for i in range(len(self.tasks)) if i not in order]
+        self.pool: Any = None
+        self.pending: dict[int, Any] = {}
+        if jobs > 1:
+            ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+            self.pool = ctx.Pool(min(jobs, len(self.tasks)), initializer=_ignore_sigint)
+            self.pending = {i: self.pool.apply_async(_timed, (self.tasks[i][1],
+                                                              *self.tasks[i][2]))
+                            for i in self.order}
+
+    def __enter__(self) -> ProofRun:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Terminate the workers (a no-op once they are gone)."""
+        if self.pool is not None:
+            self.pool.terminate()
+            self.pool.join()
+            self.pool = None
+
+    def results(self, say: Callable[[str], None]) -> list[tuple[Any, float]]:
+        """Every task's ``(result, cpu seconds)`` in task order, whatever order they finish in;
+        ``say`` is told each task as it starts (one process) or ends (a pool)."""
+        say(f"{len(self.tasks)} tasks in {self.jobs} worker "
+            f"process{'es' if self.jobs > 1 else ''}")
+        out: list[tuple[Any, float] | None] = [None] * len(self.tasks)
+        if self.pool is None:
+            for i in self.order:
+                name, fn, args = self.tasks[i]
+                say(name)
+                out[i] = _timed(fn, *args)
+        while self.pending:
+            for i in [i for i, r in self.pending.items() if r.ready()]:
+                res = out[i] = self.pending.pop(i).get()
+                say(f"{self.tasks[i][0]}: done ({res[1]:.1f}s CPU)")
+            if self.pending:
+                next(iter(self.pending.values())).wait(0.05)
+        self.close()
+        return [r for r in out if r is not None]
+
+
+def _tasks(quick: bool, symmetry: bool) -> list[tuple[str, Callable[..., Any], tuple]]:
+    """(progress name, function, arguments) of every proof, in report order."""
+    tasks: list[tuple[str, Callable[..., Any], tuple]] = [
+        ("z3 lemmas", all_lemmas, ()), ("z3 induction step", all_induction, ())]
+    for label, cfg, depth, qdepth in BMC_INSTANCES:
+        d = qdepth if quick else depth
+        if symmetry:
+            tasks.append((f"all invariants [{label}] (BMC, depth {d})", bmc, (cfg, d)))
+        else:
+            tasks.append((f"all invariants [{label}] (BMC, depth {d}, no symmetry)",
+                          _bmc_plain, (cfg, d)))
+    for name in MUTANTS:
+        tasks.append((f"mutant {name}", _mutant_task, (name, 12 if not quick else 11, symmetry)))
+    tasks.append(("lemma and induction mutants", _z3_mutants, ()))
+    for label, cfg, depth, _why, _fname in FINDINGS:
+        tasks.append((f"finding: {label}", bmc, (cfg, depth)))
+    return tasks
+
+
+def _mutant_task(name: str, depth: int, symmetry: bool) -> Any:
+    return run_mutant(name, Config(), depth, symmetry=symmetry)
+
+
 def run(quick: bool = False, export: Path | None = None,
-        progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Run everything; return the JSON report. ``progress`` is told each property before it
-    runs (the CLI prints it with the elapsed time)."""
+        progress: Callable[[str], None] | None = None, jobs: int = 1,
+        symmetry: bool = True) -> dict[str, Any]:
+    """Run everything; return the JSON report. ``progress`` is told each task as it starts
+    (``jobs`` = 1) or finishes (a pool of ``jobs`` processes; the report's order is the same).
+    ``symmetry`` = False turns the bounded search's symmetry reduction off (to compare counts)."""
+    with ProofRun(quick, jobs, symmetry) as proofs:
+        return report(proofs, export, progress)
+
+
+def report(proofs: ProofRun, export: Path | None = None,
+           progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Wait for a :class:`ProofRun`'s results and build the JSON report (``seconds``: from the
+    run's start)."""
     say = progress or (lambda _name: None)
+    quick = proofs.quick
+    results = proofs.results(say)
+    cpu = sum(c for _, c in results)
+    res = iter(results)
     props: list[Row] = []
-    say("z3 lemmas")
-    for r in all_lemmas():
+    for r in next(res)[0]:
         props.append(Row(r.name, "z3 (unbounded ints)", "all values", r.result, r.seconds))
-    say("z3 induction step")
-    for r in all_induction():
+    for r in next(res)[0]:
         props.append(Row(r.name, "z3 1-induction (per-block abstraction)", "all depths, any N",
                          r.result, r.seconds))
     names = ",".join(n for n, _ in ALL)
     coverage: dict[str, dict[str, int]] = {}
     for label, cfg, depth, qdepth in BMC_INSTANCES:
         d = qdepth if quick else depth
-        say(f"all invariants [{label}] (BMC, depth {d})")
-        b = bmc(cfg, d)
-        res = "holds" if b.ok else f"counterexample {b.violation}"
+        b = next(res)[0]
+        result = "holds" if b.ok else f"counterexample {b.violation}"
         if b.ok and b.closed:
-            res = "holds (state space exhausted: all depths)"
+            result = "holds (state space exhausted: all depths)"
         props.append(Row(f"all invariants [{label}]", f"explicit-state BMC, {b.states} states",
-                         _bound(cfg, d), res, b.seconds))
+                         _bound(cfg, d), result, b.seconds, b.states))
         coverage[label] = b.coverage
     mutants: list[dict[str, Any]] = []
     for name in MUTANTS:
-        say(f"mutant {name}")
-        m = run_mutant(name, Config(), 12 if not quick else 11)
+        m = next(res)[0]
         entry: dict[str, Any] = {"name": name, "killed": m.killed, "method": "BMC",
                                  "invariant": m.invariant, "message": m.message,
                                  "steps": len(m.trace or []), "seconds": round(m.seconds, 3),
@@ -125,21 +249,20 @@ def run(quick: bool = False, export: Path | None = None,
             path.write_text(json.dumps(doc, indent=1) + "\n")
             entry["trace"] = str(path)
         mutants.append(entry)
-    say("lemma and induction mutants")
-    for name, results in lemma_mutants().items():
-        killed = any(r.result == "counterexample" for r in results)
+    lemma_ms, induction_ms = next(res)[0]
+    for name, results_ in lemma_ms.items():
+        killed = any(r.result == "counterexample" for r in results_)
         mutants.append({"name": f"lemma:{name}", "killed": killed, "method": "z3 lemma",
-                        "message": next((r.name for r in results
+                        "message": next((r.name for r in results_
                                          if r.result == "counterexample"), None),
-                        "seconds": round(sum(r.seconds for r in results), 3)})
-    for name, r in induction_mutants().items():
+                        "seconds": round(sum(r.seconds for r in results_), 3)})
+    for name, r in induction_ms.items():
         mutants.append({"name": f"induction:{name}", "killed": r.result == "counterexample",
                         "method": "z3 induction step", "message": r.model,
                         "seconds": round(r.seconds, 3)})
     findings = []
     for label, cfg, depth, why, fname in FINDINGS:
-        say(f"finding: {label}")
-        b = bmc(cfg, depth)
+        b = next(res)[0]
         f: dict[str, Any] = {"name": label, "bound": _bound(cfg, depth),
                              "result": "holds" if b.ok else "counterexample",
                              "invariant": b.violation[0] if b.violation else None,
@@ -158,7 +281,17 @@ def run(quick: bool = False, export: Path | None = None,
             f["trace"] = str(path)
         findings.append(f)
     return {"properties": [p.as_json() for p in props], "mutants": mutants,
-            "findings": findings, "invariants": names.split(","), "bmc_coverage": coverage}
+            "findings": findings, "invariants": names.split(","), "bmc_coverage": coverage,
+            "jobs": proofs.jobs, "symmetry": proofs.symmetry, "cpu_seconds": round(cpu, 3),
+            "seconds": round(time.monotonic() - proofs.t0, 3)}
+
+
+def _bmc_plain(cfg: Config, depth: int) -> Any:
+    return bmc(cfg, depth, symmetry=False)
+
+
+def _z3_mutants() -> tuple[dict[str, Any], dict[str, Any]]:
+    return lemma_mutants(), induction_mutants()
 
 
 def describe(name: str, m: Any) -> str:
@@ -213,15 +346,26 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--quick", action="store_true", help="lower bounds (a few seconds)")
     ap.add_argument("--export", type=Path, help="write mutant counterexample traces here")
+    ap.add_argument("--jobs", "-j", type=int, default=None,
+                    help="worker processes (default: the CPUs this process may use)")
+    ap.add_argument("--no-symmetry", action="store_true",
+                    help="bounded search without symmetry reduction (compare state counts)")
     args = ap.parse_args([a for a in argv if a != "--"])  # `tailproof prove -- --quick`
+    if args.jobs is not None and args.jobs < 1:
+        print(f"tailproof: --jobs must be >= 1, got {args.jobs} (fix: --jobs 2)",
+              file=sys.stderr)
+        return 2
+    jobs = args.jobs or default_jobs()
     t0 = time.monotonic()
-    report = run(quick=args.quick, export=args.export, progress=stderr_progress(t0))
+    report = run(quick=args.quick, export=args.export, progress=stderr_progress(t0),
+                 jobs=jobs, symmetry=not args.no_symmetry)
     report["seconds"] = round(time.monotonic() - t0, 3)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
         print_table(report)
-        print(f"\ntotal {report['seconds']:.1f}s")
+        print(f"\ntotal {report['seconds']:.1f}s wall, {report['cpu_seconds']:.1f}s CPU "
+              f"in {jobs} worker{'s' if jobs > 1 else ''}")
     return 1 if failed(report) else 0
 
 

@@ -103,6 +103,14 @@ class Job:
     reported: frozenset[int] = frozenset()
     released: bool = False
 
+    def but(self, **changes: object) -> Job:
+        """A copy with ``changes`` (``dataclasses.replace`` without its per-call introspection:
+        the bounded search copies a job on every worker step)."""
+        j = Job.__new__(Job)
+        j.__dict__.update(self.__dict__)
+        j.__dict__.update(changes)
+        return j
+
 
 @dataclass
 class Hit:

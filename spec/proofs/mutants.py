@@ -147,8 +147,12 @@ class TurnEndSnapshotLate(State):
         self._late, self.snapshots = self.snapshots, []
         return late
 
-    def fingerprint(self) -> tuple:
-        return (super().fingerprint(), tuple(getattr(self, "_late", [])))
+    def extra_blocks(self) -> tuple[int, ...]:
+        return tuple(b for _, src, slot, _ in getattr(self, "_late", []) for b in (src, slot))
+
+    def extra_fingerprint(self, lab: list[int]) -> tuple:
+        return tuple((rid, lab[src], lab[slot], n)
+                     for rid, src, slot, n in getattr(self, "_late", []))
 
 
 @mutant("te_pin_released_early", "the flush job does not pin the snapshot block it puts",
@@ -181,12 +185,13 @@ class MutantResult:
     model: type[State]
 
 
-def run_mutant(name: str, base: Config, depth: int, deadline_s: float = 30.0) -> MutantResult:
+def run_mutant(name: str, base: Config, depth: int, deadline_s: float = 30.0,
+               symmetry: bool = True) -> MutantResult:
     """Search the mutated model up to ``depth`` for an invariant violation."""
     t0 = time.monotonic()
     m = MUTANTS[name]
     cfg = MutantConfig(**{**vars(base), **m.overrides, "mutant": name})
-    r = bmc(cfg, depth, deadline_s=deadline_s, model=m.model)
+    r = bmc(cfg, depth, deadline_s=deadline_s, model=m.model, symmetry=symmetry)
     v = r.violation
     return MutantResult(name, not r.ok, v[0] if v else None, v[1] if v else None, r.trace,
                         time.monotonic() - t0, cfg, m.model)
