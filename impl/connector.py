@@ -177,7 +177,7 @@ class TailproofConnector(KVConnectorBase_V1, SupportsHMA):
                              par.tensor_parallel_size)
         if role == KVConnectorRole.SCHEDULER:
             lookup = StoreLookup(self.geo, self.coord, self.store.exists, self.keys,
-                                 self.world)
+                                 self.world, self.store.removal_count)
             self.scheduler_side = SchedulerSide(self.settings, self.geo, lookup,
                                                 self.world, SchedulerMetrics())
         else:

@@ -116,6 +116,9 @@ class SchedulerSide:
         # Requests whose load failed: recomputed, never offered the store again (else a store
         # that answers `exists` but fails `get` would make vLLM retry the load forever).
         self.load_failed: set[str] = set()
+        # Requests whose load spec came from a remembered lookup (lookup.py): a failed load of
+        # one is a remembered key the store no longer held (counted, then recomputed).
+        self.remembered_loads: set[str] = set()
         self._eagle_margins = tuple(geo.eagle_proof_margin(g) for g in range(geo.num_groups))
         # Reuse extension (docs/reuse.md): rid -> (snapshot block per Mamba store group, in
         # store order; the boundary their content is the state of).
@@ -159,8 +162,13 @@ class SchedulerSide:
             return 0, False
         if request.num_tokens < self.geo.alignment or request.request_id in self.load_failed:
             return 0, False
+        client = self.lookup_client
         try:
-            res = self.lookup_client.lookup(request.num_tokens, request.block_hashes)
+            if isinstance(client, StoreLookup):  # remembered between asks (lookup.py)
+                res = client.lookup(request.num_tokens, request.block_hashes,
+                                    request.request_id)
+            else:
+                res = client.lookup(request.num_tokens, request.block_hashes)
         except Exception:  # a store problem must never take the scheduler down: no hit
             logger.exception("store lookup of %s failed; treating it as a miss",
                              request.request_id)
@@ -176,10 +184,15 @@ class SchedulerSide:
         self.load_specs[request.request_id] = LoadSpec(
             vllm_cached_tokens=num_computed, kvpool_cached_tokens=res.hit_length,
             tail_key_boundaries=res.tail_key_boundaries)
+        if isinstance(client, StoreLookup) and client.remembered(request.request_id):
+            self.remembered_loads.add(request.request_id)
+            self.metrics.c.inc("lookups_remembered")
         return need, self.settings.load_async
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external: int) -> None:
         rid = request.request_id
+        if isinstance(self.lookup_client, StoreLookup):
+            self.lookup_client.forget(rid)  # admitted: no longer waiting
         ids: tuple[list[int], ...] = ()
         if num_external > 0:
             ids = tuple(blocks.get_block_ids(group_ids=self.geo.core_group_ids))
@@ -202,11 +215,15 @@ class SchedulerSide:
     def build_connector_meta(self, so: Any) -> TailproofMeta:
         """Turn one ``SchedulerOutput`` into the workers' loads and pinned store jobs."""
         consumer = self.settings.is_consumer
+        memo = self.lookup_client if isinstance(self.lookup_client, StoreLookup) else None
         for rid in sorted(so.finished_req_ids):
+            if memo is not None:
+                memo.forget(rid)  # finished or aborted while waiting
             self.release_snapshot(rid)  # finish_turn normally did; a no-op then
             self.junction_seen.pop(rid, None)
             self.junction_targets.pop(rid, None)
             self.load_failed.discard(rid)
+            self.remembered_loads.discard(rid)
             self.load_specs.pop(rid, None)
             self.request_trackers.pop(rid, None)
             self.unfinished_requests.pop(rid, None)
@@ -789,7 +806,13 @@ class SchedulerSide:
     def update_connector_output(self, worker_meta: Any, failed_recving: Iterable[str] = ()) -> None:
         """Release the pins of every store job all workers have finished (exactly once), and
         remember failed loads (those requests are recomputed without the store)."""
-        self.load_failed.update(failed_recving)
+        if failed_recving:
+            failed = set(failed_recving)
+            self.load_failed.update(failed)
+            self.metrics.c.inc("loads_failed", len(failed))
+            stale = sum(1 for rid in failed if rid in self.remembered_loads)
+            if stale:  # a remembered key the store no longer held: failed closed, recomputed
+                self.metrics.c.inc("remembered_hits_failed", stale)
         if not isinstance(worker_meta, TailproofWorkerMeta):
             return
         for job, count in worker_meta.completed_saves.items():
