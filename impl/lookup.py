@@ -214,23 +214,26 @@ class StoreLookup:
         else:
             self.memos.move_to_end(rid)
         first = memo.known == 0
-        # Keys past the last hit asked before and missing then (they may have been put since).
-        start = bisect_right(memo.ends, memo.result.hit_length)
-        again = [i for i in range(start, memo.known) if not memo.present[i]]
-        changed = self._probe(memo, again)
-        # Extend past the frontier while no full-attention key is known missing.
-        batch = FIRST_BATCH
-        while memo.known < len(memo.cands):
+        # Ask again the keys past the last hit that were missing (they may have been put
+        # since), up to the frontier; ask new ones past what was asked, in doubling batches
+        # while every full-attention key so far is present, else up to the frontier.
+        lo = bisect_right(memo.ends, memo.result.hit_length)
+        n, batch, changed = len(memo.cands), FIRST_BATCH, False
+        while True:
             cap = self._cap(memo)
-            if cap is not None:
-                end = bisect_right(memo.ends, cap)
-                if end <= memo.known:
-                    break
-            else:
-                end = min(len(memo.cands), memo.known + batch)
+            known = memo.known
+            if cap is None:
+                stop, new_end = n, min(n, known + batch)
                 batch *= 2
-            idx = list(range(memo.known, end))
-            memo.known = end
+            else:
+                stop = new_end = bisect_right(memo.ends, cap)
+            idx = [i for i in range(lo, min(stop, known)) if not memo.present[i]]
+            lo = max(lo, min(stop, known))
+            if new_end > known:
+                idx.extend(range(known, new_end))
+                memo.known = new_end
+            if not idx:
+                break
             changed |= self._probe(memo, idx)
         if changed or first:
             memo.result = self._answer(num_tokens, hashes, token_len, memo.found)
