@@ -70,6 +70,7 @@ class _Memo:
 
     num_tokens: int
     n_hashes: int
+    last_hash: bytes  # chained: names the whole prefix (a reused request id is a new memo)
     epoch: str
     removals: int | None
     cands: list[tuple[int, bytes]]
@@ -189,7 +190,8 @@ class StoreLookup:
                   removals: int | None) -> _Memo:
         cands = sorted(self._candidates(hashes, token_len), key=lambda c: (c[2], c[0]))
         fa, bs = self._fa, self.geo.block_sizes
-        return _Memo(num_tokens=num_tokens, n_hashes=len(hashes), epoch=self.epoch,
+        return _Memo(num_tokens=num_tokens, n_hashes=len(hashes),
+                     last_hash=bytes(hashes[-1]), epoch=self.epoch,
                      removals=removals, cands=[(g, hh) for g, hh, _ in cands],
                      ends=[e for _, _, e in cands],
                      # the keys that bound a hit: full-attention keys at block ends (with
@@ -204,6 +206,7 @@ class StoreLookup:
         memo = self.memos.get(rid)
         same = (memo is not None and memo.num_tokens == num_tokens
                 and memo.n_hashes == len(hashes) and memo.epoch == self.epoch
+                and memo.last_hash == bytes(hashes[-1])
                 # a removal the store reports is a store event: ask everything again; a store
                 # that cannot report one keeps what was found (a gone key fails its load)
                 and (removals is None or memo.removals == removals))
