@@ -63,20 +63,74 @@ class LookupResult:
     tail_key_boundaries: tuple[TailKeyBoundary, ...] = ()
 
 
+class _Listed:
+    """Candidates listed up front, in (token end, group) order (partial hits off: one per
+    looked-up block of each group)."""
+
+    def __init__(self, cands: list[tuple[int, bytes, int]], fa: Sequence[bool],
+                 block_sizes: Sequence[int]) -> None:
+        cands = sorted(cands, key=lambda c: (c[2], c[0]))
+        self.keys = [(g, hh) for g, hh, _ in cands]
+        self.ends = [e for _, _, e in cands]
+        self.fa = [fa[g] and e % block_sizes[g] == 0 for g, _, e in cands]
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def key(self, i: int) -> tuple[int, bytes]:
+        return self.keys[i]
+
+    def end(self, i: int) -> int:
+        return self.ends[i]
+
+    def is_fa(self, i: int) -> bool:
+        return self.fa[i]
+
+    def upto(self, tokens: int) -> int:
+        """How many candidates end at or before ``tokens``."""
+        return bisect_right(self.ends, tokens)
+
+
+class _Units:
+    """The partial-hit candidates (every group at every hash unit below the aligned length),
+    made on demand so that a long prompt costs nothing until its keys are asked: candidate i
+    is group ``i % G`` at unit ``i // G`` (the same order as :class:`_Listed`)."""
+
+    def __init__(self, hashes: Sequence[bytes], units: int, h: int, fa: Sequence[bool],
+                 block_sizes: Sequence[int]) -> None:
+        self.hashes, self.h, self.g = hashes, h, len(fa)
+        self.n = units * self.g
+        self.fa, self.bs = fa, block_sizes
+
+    def __len__(self) -> int:
+        return self.n
+
+    def key(self, i: int) -> tuple[int, bytes]:
+        return i % self.g, bytes(self.hashes[i // self.g])
+
+    def end(self, i: int) -> int:
+        return (i // self.g + 1) * self.h
+
+    def is_fa(self, i: int) -> bool:
+        g = i % self.g
+        return self.fa[g] and self.end(i) % self.bs[g] == 0
+
+    def upto(self, tokens: int) -> int:
+        return min(self.n, tokens // self.h * self.g)
+
+
 @dataclass(eq=False)
 class _Memo:
     """One waiting request's remembered lookup: its candidates in token-end order, what each
-    probe answered (None: never asked), and the answer derived from the keys found present."""
+    probe answered (absent: never asked), and the answer derived from the keys found present."""
 
     num_tokens: int
     n_hashes: int
     last_hash: bytes  # chained: names the whole prefix (a reused request id is a new memo)
     epoch: str
     removals: int | None
-    cands: list[tuple[int, bytes]]
-    ends: list[int]
-    is_fa: list[bool]
-    present: list[bool | None]
+    cands: _Listed | _Units
+    present: dict[int, bool] = field(default_factory=dict)
     found: set[tuple[int, bytes]] = field(default_factory=set)
     known: int = 0  # candidates [0, known) have been asked at least once
     frontier: int = -1  # first full-attention candidate last seen missing (-1: none known)
@@ -99,6 +153,7 @@ class StoreLookup:
         self.world = world_size
         self.epoch = INITIAL_EPOCH  # moved by a prefix-cache reset (``keys.new_epoch``)
         self.removals = removals or (lambda: None)
+        self.remember = True  # False: every ask probes every candidate (vLLM 0.33's way)
         self.memos: OrderedDict[str, _Memo] = OrderedDict()
         self.keys_probed = 0  # candidate keys asked (times ranks), since start
         # Full-attention store groups: their hit is a prefix (the frontier argument).
@@ -155,7 +210,7 @@ class StoreLookup:
         token_len = geo.align_lookup_length(num_tokens)
         if not hashes or token_len <= 0:
             return LookupResult(0)
-        if rid is not None and any(self._fa):
+        if rid is not None and self.remember and any(self._fa):
             return self._remembered(rid, num_tokens, token_len, hashes).result
         present = self.present(hashes, token_len)
         return self._answer(num_tokens, hashes, token_len, present)
@@ -188,16 +243,18 @@ class StoreLookup:
 
     def _new_memo(self, num_tokens: int, hashes: Sequence[bytes], token_len: int,
                   removals: int | None) -> _Memo:
-        cands = sorted(self._candidates(hashes, token_len), key=lambda c: (c[2], c[0]))
-        fa, bs = self._fa, self.geo.block_sizes
+        geo = self.geo
+        # the keys that bound a hit: full-attention keys at block ends (with partial hits a
+        # sub-block key only refines the hit inside its block)
+        cands: _Listed | _Units
+        if geo.partial_hits:
+            units = min(len(hashes), token_len // geo.hash_block_size)
+            cands = _Units(hashes, units, geo.hash_block_size, self._fa, geo.block_sizes)
+        else:
+            cands = _Listed(self._candidates(hashes, token_len), self._fa, geo.block_sizes)
         return _Memo(num_tokens=num_tokens, n_hashes=len(hashes),
-                     last_hash=bytes(hashes[-1]), epoch=self.epoch,
-                     removals=removals, cands=[(g, hh) for g, hh, _ in cands],
-                     ends=[e for _, _, e in cands],
-                     # the keys that bound a hit: full-attention keys at block ends (with
-                     # partial hits a sub-block key only refines the hit inside its block)
-                     is_fa=[fa[g] and e % bs[g] == 0 for g, _, e in cands],
-                     present=[None] * len(cands))
+                     last_hash=bytes(hashes[-1]), epoch=self.epoch, removals=removals,
+                     cands=cands)
 
     def _remembered(self, rid: str, num_tokens: int, token_len: int,
                     hashes: Sequence[bytes]) -> _Memo:
@@ -220,8 +277,9 @@ class StoreLookup:
         # Ask again the keys past the last hit that were missing (they may have been put
         # since), up to the frontier; ask new ones past what was asked, in doubling batches
         # while every full-attention key so far is present, else up to the frontier.
-        lo = bisect_right(memo.ends, memo.result.hit_length)
-        n, batch, changed = len(memo.cands), FIRST_BATCH, False
+        cands, present = memo.cands, memo.present
+        lo = cands.upto(memo.result.hit_length)
+        n, batch, changed = len(cands), FIRST_BATCH, False
         while True:
             cap = self._cap(memo)
             known = memo.known
@@ -229,8 +287,8 @@ class StoreLookup:
                 stop, new_end = n, min(n, known + batch)
                 batch *= 2
             else:
-                stop = new_end = bisect_right(memo.ends, cap)
-            idx = [i for i in range(lo, min(stop, known)) if not memo.present[i]]
+                stop = new_end = cands.upto(cap)
+            idx = [i for i in range(lo, min(stop, known)) if not present.get(i)]
             lo = max(lo, min(stop, known))
             if new_end > known:
                 idx.extend(range(known, new_end))
@@ -250,33 +308,34 @@ class StoreLookup:
         key's end plus one lcm block (a hit is a block prefix of every full-attention group);
         None if every such key asked so far is present."""
         i = memo.frontier
-        if i < 0 or memo.present[i]:  # none known yet, or the frontier key was put since
+        present, cands = memo.present, memo.cands
+        if i < 0 or present.get(i):  # none known yet, or the frontier key was put since
             i = max(i, memo.scanned)
-            present, is_fa, known = memo.present, memo.is_fa, memo.known
-            while i < known and not (is_fa[i] and present[i] is False):
+            known = memo.known
+            while i < known and not (present.get(i) is False and cands.is_fa(i)):
                 i += 1
             memo.scanned = i
             memo.frontier = i if i < known else -1
             if memo.frontier < 0:
                 return None
-        return memo.ends[memo.frontier] + self.geo.lcm_block_size
+        return cands.end(memo.frontier) + self.geo.lcm_block_size
 
     def _probe(self, memo: _Memo, idx: list[int]) -> bool:
         """Ask the store about candidates ``idx`` on every rank; True if one became present."""
         if not idx:
             return False
         w, key, ep = self.world, self.keys.key, self.epoch
-        cands = memo.cands
-        found = self.exists([key(r, cands[i][0], cands[i][1], ep) for i in idx
-                             for r in range(w)])
+        pairs = [memo.cands.key(i) for i in idx]
+        found = self.exists([key(r, g, hh, ep) for g, hh in pairs for r in range(w)])
         self.keys_probed += len(idx) * w
         changed = False
+        present = memo.present
         for j, i in enumerate(idx):
             ok = all(found[j * w:(j + 1) * w])
-            if ok and not memo.present[i]:
-                memo.found.add(cands[i])
+            if ok and not present.get(i):
+                memo.found.add(pairs[j])
                 changed = True
-            memo.present[i] = ok
+            present[i] = ok
         return changed
 
     def _tail_key_boundaries(
