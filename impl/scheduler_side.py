@@ -256,15 +256,8 @@ class SchedulerSide:
                         and computed[i] >= trackers[rid].prefill_end_tokens):
                     continue  # decode step: nothing to save (the common case, kept cheap)
                 self._cached_request(cached, i, rid, so, pending, meta)
-        scheduled = scheduled_new.union(cached.req_ids)
-        for rid, (req, ids) in self.unfinished_requests.items():
-            if rid in scheduled or rid not in self.load_specs:
-                continue
-            spec = self.load_specs.pop(rid)
-            if spec is None or not spec.can_load:
-                continue
-            meta.loads.append(self._load_job(rid, ids, req, spec, is_async=True))
-            self.metrics.loads_emitted += 1
+        if self.load_specs:  # asynchronous loads of requests not scheduled this step
+            self._async_loads(scheduled_new.union(cached.req_ids), meta)
         state = getattr(so, "kv_connector_block_state", None)
         if not consumer and state is not None and state.boundary_state_offloads:
             self._handle_boundary_state_offloads(state.boundary_state_offloads, pending)
@@ -288,6 +281,18 @@ class SchedulerSide:
             self._junction_jobs(state, meta)
         self._step_end = {}
         return meta
+
+    def _async_loads(self, scheduled: set[str], meta: TailproofMeta) -> None:
+        """``build_connector_meta``'s loads for requests waiting on them (MS:304-525)."""
+        load_specs = self.load_specs
+        for rid, (req, ids) in self.unfinished_requests.items():
+            if rid in scheduled or rid not in load_specs:
+                continue
+            spec = load_specs.pop(rid)
+            if spec is None or not spec.can_load:
+                continue
+            meta.loads.append(self._load_job(rid, ids, req, spec, is_async=True))
+            self.metrics.loads_emitted += 1
 
     # ------------------------------------------------------------------ junctions
 
