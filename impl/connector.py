@@ -220,6 +220,8 @@ class TailproofConnector(KVConnectorBase_V1, SupportsHMA):
             return
         scheduler.mamba_shared_prefix_checkpoint = True
         side.exact_junction_stops = True
+        kvm = getattr(scheduler, "kv_cache_manager", None)
+        side.vllm_keys_junctions = bool(getattr(kvm, "mamba_shared_prefix_checkpoint", True))
         logger.info("TailproofConnector: exact junction stops on (%s)", HOOK_VERSION)
 
     def get_num_new_matched_tokens(

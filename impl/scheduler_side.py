@@ -137,6 +137,10 @@ class SchedulerSide:
         self.junction_targets: dict[str, int] = {}
         self.exact_junction_stops = False  # set by TailproofConnector.on_scheduler_built
         self._warned_no_hook = False
+        self._junction_reasons_logged: set[str] = set()
+        # Whether vLLM keys the Mamba state at its own junction (KVCacheManager's
+        # ``mamba_shared_prefix_checkpoint``: only with an EAGLE group); set by the hook.
+        self.vllm_keys_junctions = True
         # Lookup wait (docs/reuse.md, rule 7): key hash of a Mamba boundary an in-flight job
         # puts -> [boundary, jobs putting it]; job -> those hashes.
         self._inflight: dict[bytes, list[int]] = {}
@@ -314,18 +318,44 @@ class SchedulerSide:
             self.junction_index.add(request.block_hashes, p // h)
             self.junction_seen[rid] = j
         ck = checkpoint_position(p, h, geo.use_eagle)
-        if (j <= hit or j >= ck or j <= request.shared_prefix_boundary
-                or all(j % geo.block_sizes[g] == 0 for g in self._mamba_groups)):
-            return  # already served, vLLM's own tail stop, or an aligned (handed-off) state
+        if j <= 0:
+            return  # nothing shared with an earlier prompt
+        spb = request.shared_prefix_boundary
+        if j <= hit:
+            return self._junction_skipped("served", "the store or local cache already serves it")
+        if j >= ck:
+            return self._junction_skipped("prompt_tail", "it is the prompt's own checkpoint")
+        if j < spb:
+            return self._junction_skipped("vllm_junction_later",
+                                          "vLLM's own junction stops the chunk later")
+        if j == spb:
+            if self.vllm_keys_junctions:
+                return self._junction_skipped("vllm_junction",
+                                              "vLLM marks and stores this junction itself")
+            return self._junction_skipped(
+                "vllm_junction_unkeyed", "vLLM marks this junction itself but keys no Mamba "
+                "state there (it does only with an EAGLE group): the state is recomputed")
+        if all(j % geo.block_sizes[g] == 0 for g in self._mamba_groups):
+            return self._junction_skipped("aligned", "vLLM hands off an aligned state there")
         if not self.exact_junction_stops:
             if not self._warned_no_hook:
                 logger.warning("junction_checkpoints is on but vLLM's scheduler hook did not "
                                "run (docs/junctions.md, 'The hook'): no junction stops")
                 self._warned_no_hook = True
+            self.metrics.c.inc("junctions_skipped_no_hook")
             return
         request.shared_prefix_boundary = j
         self.junction_targets[rid] = j
         self.metrics.c.inc("junctions_set")
+
+    def _junction_skipped(self, reason: str, why: str) -> None:
+        """Count a junction the extension resolved on but did not act on, and say why once
+        per reason (``junctions_skipped_<reason>``; docs/junctions.md)."""
+        self.metrics.c.inc(f"junctions_skipped_{reason}")
+        if reason not in self._junction_reasons_logged:
+            self._junction_reasons_logged.add(reason)
+            logger.info("TailproofConnector: a junction was not stored: %s "
+                        "(counted as junctions_skipped_%s; logged once)", why, reason)
 
     def _junction_jobs(self, state: Any, meta: TailproofMeta) -> None:
         """Junction rule 2: a step whose chunk ended at the request's junction copies the running
