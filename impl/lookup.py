@@ -297,7 +297,11 @@ class StoreLookup:
                 break
             changed |= self._probe(memo, idx)
         if changed or first:
-            memo.result = self._answer(num_tokens, hashes, token_len, memo.found)
+            try:
+                memo.result = self._answer(num_tokens, hashes, token_len, memo.found)
+            except Exception:
+                self.memos.pop(rid, None)  # the next ask starts afresh (and fails alike)
+                raise
             memo.remembered = not first and bool(memo.found)
         else:
             memo.remembered = memo.result.hit_length > 0

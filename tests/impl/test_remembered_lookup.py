@@ -95,9 +95,9 @@ def test_remembered_equals_fresh_lookup(groups: tuple, h: int, seed: int) -> Non
         try:
             want = fresh.lookup(num_tokens, hashes)
         except AssertionError:  # no tail key: both refuse
-            with pytest.raises(AssertionError):
-                memo.lookup(num_tokens, hashes, "r")
-            memo.forget("r")
+            for _ in range(2):  # and again: a failed answer is not remembered
+                with pytest.raises(AssertionError):
+                    memo.lookup(num_tokens, hashes, "r")
             continue
         assert memo.lookup(num_tokens, hashes, "r") == want
 
