@@ -193,7 +193,7 @@ class TailproofConnector(KVConnectorBase_V1, SupportsHMA):
                              par.tensor_parallel_size, mac_identity_text(self.secret))
         if role == KVConnectorRole.SCHEDULER:
             lookup = StoreLookup(self.geo, self.coord, self.store.exists, self.keys,
-                                 self.world)
+                                 self.world, self.store.removal_count)
             self.scheduler_side = SchedulerSide(self.settings, self.geo, lookup,
                                                 self.world, SchedulerMetrics())
         else:
@@ -237,6 +237,8 @@ class TailproofConnector(KVConnectorBase_V1, SupportsHMA):
             return
         scheduler.mamba_shared_prefix_checkpoint = True
         side.exact_junction_stops = True
+        kvm = getattr(scheduler, "kv_cache_manager", None)
+        side.vllm_keys_junctions = bool(getattr(kvm, "mamba_shared_prefix_checkpoint", True))
         logger.info("TailproofConnector: exact junction stops on (%s)", HOOK_VERSION)
 
     def get_num_new_matched_tokens(

@@ -120,6 +120,9 @@ class SchedulerSide:
         # Requests whose load failed: recomputed, never offered the store again (else a store
         # that answers `exists` but fails `get` would make vLLM retry the load forever).
         self.load_failed: set[str] = set()
+        # Requests whose load spec came from a remembered lookup (lookup.py): a failed load of
+        # one is a remembered key the store no longer held (counted, then recomputed).
+        self.remembered_loads: set[str] = set()
         self._eagle_margins = tuple(geo.eagle_proof_margin(g) for g in range(geo.num_groups))
         # Reuse extension (docs/reuse.md): rid -> (snapshot block per Mamba store group, in
         # store order; the boundary their content is the state of).
@@ -138,6 +141,10 @@ class SchedulerSide:
         self.junction_targets: dict[str, int] = {}
         self.exact_junction_stops = False  # set by TailproofConnector.on_scheduler_built
         self._warned_no_hook = False
+        self._junction_reasons_logged: set[str] = set()
+        # Whether vLLM keys the Mamba state at its own junction (KVCacheManager's
+        # ``mamba_shared_prefix_checkpoint``: only with an EAGLE group); set by the hook.
+        self.vllm_keys_junctions = True
         # Lookup wait (docs/reuse.md, rule 7): key hash of a Mamba boundary an in-flight job
         # puts -> [boundary, jobs putting it]; job -> those hashes.
         self._inflight: dict[bytes, list[int]] = {}
@@ -163,8 +170,13 @@ class SchedulerSide:
             return 0, False
         if request.num_tokens < self.geo.alignment or request.request_id in self.load_failed:
             return 0, False
+        client = self.lookup_client
         try:
-            res = self.lookup_client.lookup(request.num_tokens, request.block_hashes)
+            if isinstance(client, StoreLookup):  # remembered between asks (lookup.py)
+                res = client.lookup(request.num_tokens, request.block_hashes,
+                                    request.request_id)
+            else:
+                res = client.lookup(request.num_tokens, request.block_hashes)
         except Exception:  # a store problem must never take the scheduler down: no hit
             logger.exception("store lookup of %s failed; treating it as a miss",
                              request.request_id)
@@ -180,10 +192,15 @@ class SchedulerSide:
         self.load_specs[request.request_id] = LoadSpec(
             vllm_cached_tokens=num_computed, kvpool_cached_tokens=res.hit_length,
             tail_key_boundaries=res.tail_key_boundaries)
+        if isinstance(client, StoreLookup) and client.remembered(request.request_id):
+            self.remembered_loads.add(request.request_id)
+            self.metrics.c.inc("lookups_remembered")
         return need, self.settings.load_async
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external: int) -> None:
         rid = request.request_id
+        if isinstance(self.lookup_client, StoreLookup):
+            self.lookup_client.forget(rid)  # admitted: no longer waiting
         ids: tuple[list[int], ...] = ()
         if num_external > 0:
             ids = tuple(blocks.get_block_ids(group_ids=self.geo.core_group_ids))
@@ -206,11 +223,15 @@ class SchedulerSide:
     def build_connector_meta(self, so: Any) -> TailproofMeta:
         """Turn one ``SchedulerOutput`` into the workers' loads and pinned store jobs."""
         consumer = self.settings.is_consumer
+        memo = self.lookup_client if isinstance(self.lookup_client, StoreLookup) else None
         for rid in sorted(so.finished_req_ids):
+            if memo is not None:
+                memo.forget(rid)  # finished or aborted while waiting
             self.release_snapshot(rid)  # finish_turn normally did; a no-op then
             self.junction_seen.pop(rid, None)
             self.junction_targets.pop(rid, None)
             self.load_failed.discard(rid)
+            self.remembered_loads.discard(rid)
             self.load_specs.pop(rid, None)
             self.request_trackers.pop(rid, None)
             self.unfinished_requests.pop(rid, None)
@@ -243,15 +264,8 @@ class SchedulerSide:
                         and computed[i] >= trackers[rid].prefill_end_tokens):
                     continue  # decode step: nothing to save (the common case, kept cheap)
                 self._cached_request(cached, i, rid, so, pending, meta)
-        scheduled = scheduled_new.union(cached.req_ids)
-        for rid, (req, ids) in self.unfinished_requests.items():
-            if rid in scheduled or rid not in self.load_specs:
-                continue
-            spec = self.load_specs.pop(rid)
-            if spec is None or not spec.can_load:
-                continue
-            meta.loads.append(self._load_job(rid, ids, req, spec, is_async=True))
-            self.metrics.loads_emitted += 1
+        if self.load_specs:  # asynchronous loads of requests not scheduled this step
+            self._async_loads(scheduled_new.union(cached.req_ids), meta)
         state = getattr(so, "kv_connector_block_state", None)
         if not consumer and state is not None and state.boundary_state_offloads:
             self._handle_boundary_state_offloads(state.boundary_state_offloads, pending)
@@ -282,6 +296,18 @@ class SchedulerSide:
         self._step_end = {}
         return meta
 
+    def _async_loads(self, scheduled: set[str], meta: TailproofMeta) -> None:
+        """``build_connector_meta``'s loads for requests waiting on them (MS:304-525)."""
+        load_specs = self.load_specs
+        for rid, (req, ids) in self.unfinished_requests.items():
+            if rid in scheduled or rid not in load_specs:
+                continue
+            spec = load_specs.pop(rid)
+            if spec is None or not spec.can_load:
+                continue
+            meta.loads.append(self._load_job(rid, ids, req, spec, is_async=True))
+            self.metrics.loads_emitted += 1
+
     # ------------------------------------------------------------------ junctions
 
     def _set_junction(self, request: Any, hit: int) -> None:
@@ -302,18 +328,44 @@ class SchedulerSide:
             self.junction_index.add(request.block_hashes, p // h)
             self.junction_seen[rid] = j
         ck = checkpoint_position(p, h, geo.use_eagle)
-        if (j <= hit or j >= ck or j <= request.shared_prefix_boundary
-                or all(j % geo.block_sizes[g] == 0 for g in self._mamba_groups)):
-            return  # already served, vLLM's own tail stop, or an aligned (handed-off) state
+        if j <= 0:
+            return  # nothing shared with an earlier prompt
+        spb = request.shared_prefix_boundary
+        if j <= hit:
+            return self._junction_skipped("served", "the store or local cache already serves it")
+        if j >= ck:
+            return self._junction_skipped("prompt_tail", "it is the prompt's own checkpoint")
+        if j < spb:
+            return self._junction_skipped("vllm_junction_later",
+                                          "vLLM's own junction stops the chunk later")
+        if j == spb:
+            if self.vllm_keys_junctions:
+                return self._junction_skipped("vllm_junction",
+                                              "vLLM marks and stores this junction itself")
+            return self._junction_skipped(
+                "vllm_junction_unkeyed", "vLLM marks this junction itself but keys no Mamba "
+                "state there (it does only with an EAGLE group): the state is recomputed")
+        if all(j % geo.block_sizes[g] == 0 for g in self._mamba_groups):
+            return self._junction_skipped("aligned", "vLLM hands off an aligned state there")
         if not self.exact_junction_stops:
             if not self._warned_no_hook:
                 logger.warning("junction_checkpoints is on but vLLM's scheduler hook did not "
                                "run (docs/junctions.md, 'The hook'): no junction stops")
                 self._warned_no_hook = True
+            self.metrics.c.inc("junctions_skipped_no_hook")
             return
         request.shared_prefix_boundary = j
         self.junction_targets[rid] = j
         self.metrics.c.inc("junctions_set")
+
+    def _junction_skipped(self, reason: str, why: str) -> None:
+        """Count a junction the extension resolved on but did not act on, and say why once
+        per reason (``junctions_skipped_<reason>``; docs/junctions.md)."""
+        self.metrics.c.inc(f"junctions_skipped_{reason}")
+        if reason not in self._junction_reasons_logged:
+            self._junction_reasons_logged.add(reason)
+            logger.info("TailproofConnector: a junction was not stored: %s "
+                        "(counted as junctions_skipped_%s; logged once)", why, reason)
 
     def _junction_jobs(self, state: Any, meta: TailproofMeta) -> None:
         """Junction rule 2: a step whose chunk ended at the request's junction copies the running
@@ -805,7 +857,13 @@ class SchedulerSide:
     def update_connector_output(self, worker_meta: Any, failed_recving: Iterable[str] = ()) -> None:
         """Release the pins of every store job all workers have finished (exactly once), and
         remember failed loads (those requests are recomputed without the store)."""
-        self.load_failed.update(failed_recving)
+        if failed_recving:
+            failed = set(failed_recving)
+            self.load_failed.update(failed)
+            self.metrics.c.inc("loads_failed", len(failed))
+            stale = sum(1 for rid in failed if rid in self.remembered_loads)
+            if stale:  # a remembered key the store no longer held: failed closed, recomputed
+                self.metrics.c.inc("remembered_hits_failed", stale)
         if not isinstance(worker_meta, TailproofWorkerMeta):
             return
         for job, count in worker_meta.completed_saves.items():

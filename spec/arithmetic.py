@@ -15,16 +15,24 @@ Num = Any  # an int, or a z3 ArithRef / BoolRef when proving
 
 
 def _is_symbolic(*xs: Num) -> bool:
-    return any(type(x).__module__.startswith("z3") for x in xs)
+    for x in xs:
+        t = type(x)
+        if t is not int and t is not bool and t.__module__.startswith("z3"):
+            return True
+    return False
 
 
 def floor_div(a: Num, b: Num) -> Num:
     """a // b for non-negative a and positive b (z3 integer ``/`` agrees there)."""
+    if type(a) is int and type(b) is int:  # the models' hot path: plain ints
+        return a // b
     return a / b if _is_symbolic(a, b) else a // b
 
 
 def ite(cond: Num, a: Num, b: Num) -> Num:
     """``a if cond else b``, symbolic-safe."""
+    if type(cond) is bool:  # a concrete condition picks its branch, whatever the branches are
+        return a if cond else b
     if _is_symbolic(cond, a, b):
         import z3
 

@@ -85,6 +85,7 @@ class ScriptedStore(Store):
         self.tp_size = tp_size
         self.verify = verify  # (key, tag, buffer) -> None, raises nothing, records problems
         self.tags: dict[str, Tag] = {}
+        self.removed = 0  # tags dropped here (store_remove, remove): removal_count's share
         self.script: deque[Any] = deque()
         self.log: list[tuple[list[Tag], Any]] = []
         self.context: tuple[str, dict[str, int]] = ("", {})  # writer rid, hash hex -> boundary
@@ -161,12 +162,18 @@ class ScriptedStore(Store):
 
     def remove(self, keys: Sequence[str]) -> int:
         for k in keys:
-            self.tags.pop(k, None)
+            self.removed += self.tags.pop(k, None) is not None
         return self.inner.remove(list(keys))
 
     def remove_all(self) -> int:
+        self.removed += len(self.tags)
         self.tags.clear()
         return self.inner.remove_all()
+
+    def removal_count(self) -> int | None:
+        """This wrapper's removals plus the inner store's (None if that one cannot tell)."""
+        inner = self.inner.removal_count()
+        return None if inner is None else inner + self.removed
 
     def close(self) -> None:
         self.inner.close()
@@ -261,7 +268,8 @@ class ImplConnector(ConnectorAdapter):
         inner = _inner_store(kind, extra)
         self.store = ScriptedStore(inner, _WeakVerify(self), n)
         self.keys = KeySpace(ns, geometry_fingerprint(geo).digest, n)
-        self.lookup_client = StoreLookup(geo, self.coord, self.store.exists, self.keys, n)
+        self.lookup_client = StoreLookup(geo, self.coord, self.store.exists, self.keys, n,
+                                         self.store.removal_count)
         self.sched = SchedulerSide(self.settings, geo, self.lookup_client, n)
         self.sched.bind_gpu_block_pool(core_backend.block_pool)
         split = core_backend.split_scheduler
@@ -508,7 +516,9 @@ class ImplConnector(ConnectorAdapter):
             for g, b in keys:
                 key = self.keys.key(r, g, bytes(hashes[b // h - 1]))
                 if remove:
-                    n += int(self.store.tags.pop(key, None) is not None)
+                    gone = self.store.tags.pop(key, None) is not None
+                    self.store.removed += gone  # a store event the connector sees
+                    n += gone
                     continue
                 value = self.runners[r].expected_block_bytes(g, req.all_token_ids, b, rid)
                 self._check_size(g, value)

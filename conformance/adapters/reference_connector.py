@@ -7,7 +7,12 @@ from typing import Any
 
 from tailproof.conformance.connector_ops import ConnectorAdapter, batch_obs, job_obs
 from tailproof.reference.connector.config import ConnectorConfig, StoreGeometry
-from tailproof.reference.connector.lookup import get_num_new_matched_tokens, store_lookup
+from tailproof.reference.connector.lookup import (
+    LookupMemo,
+    get_num_new_matched_tokens,
+    remembered_lookup,
+    store_lookup,
+)
 from tailproof.reference.connector.meta import ReqMeta
 from tailproof.reference.connector.scheduler import ConnectorScheduler, Scheduled
 from tailproof.reference.connector.store import ScriptedStore
@@ -41,6 +46,7 @@ class ReferenceConnector(ConnectorAdapter):
         self.cconf = ConnectorConfig.from_doc(self.conf)
         self.sched = ConnectorScheduler(self.cconf, self.geo, _PoolById(core_backend.block_pool))
         self.store = ScriptedStore()
+        self.memos: dict[str, LookupMemo] = {}  # remembered lookups of waiting requests
         self.workers = [SendingWorker(r, self.geo, self.store)
                         for r in range(self.cconf.num_workers)]
         if self.junctions:  # EXTENSION (docs/junctions.md, "The hook")
@@ -53,6 +59,7 @@ class ReferenceConnector(ConnectorAdapter):
 
     def after_alloc(self, rid: str, table: tuple[list[int], ...],
                     external: int) -> None:
+        self.memos.pop(rid, None)  # admitted: no longer waiting
         self.sched.update_state_after_alloc(self._req(rid), table, external)
 
     def _job_obs(self, job: ReqMeta) -> dict[str, Any]:
@@ -67,6 +74,8 @@ class ReferenceConnector(ConnectorAdapter):
               finished: set[str], preempted: set[str],
               offloads: dict[str, list[tuple[int, int, int]]],
               table: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        for rid in finished:
+            self.memos.pop(rid, None)
         scheduled = [Scheduled(self._req(rid), n, kind, ids, computed)
                      for rid, n, kind, ids, computed in rows]
         out = self.sched.build_connector_meta(scheduled, finished, preempted, offloads, table)
@@ -150,7 +159,10 @@ class ReferenceConnector(ConnectorAdapter):
         req = self._req(rid)
 
         def lookup() -> Any:
-            return store_lookup(self.geo, req.num_tokens, req.block_hashes, self._present)
+            res, self.memos[rid] = remembered_lookup(
+                self.geo, req.num_tokens, req.block_hashes, self._present, self.store.removals,
+                self.memos.get(rid))
+            return res
 
         inflight = self.sched.inflight
         defer = None

@@ -228,6 +228,12 @@ class Store(abc.ABC):
             consume([v[:] for v in views])
         return outs
 
+    def removal_count(self) -> int | None:
+        """Keys this store has dropped since it opened (evicted or removed), or None when it
+        cannot tell (Mooncake evicts silently). The scheduler's remembered lookups re-ask the
+        store after any removal it can see (``lookup.StoreLookup``)."""
+        return None
+
     def register_buffer(self, buffer: ByteBuffer) -> None:  # noqa: B027 - optional hook
         """Declare a long-lived staging buffer so later puts/gets of views into it are zero-copy.
 

@@ -117,6 +117,7 @@ class MemoryStore(Store):
         self._leases: dict[int, int] = {}  # id(array) -> readers copying out of it now
         self._lock = threading.Lock()
         self._closed = False
+        self._removals = 0  # keys evicted or removed since start (removal_count)
 
     @property
     def used_bytes(self) -> int:
@@ -194,6 +195,7 @@ class MemoryStore(Store):
                                     f"{self.capacity_bytes}")
             _, old = self._data.popitem(last=False)
             self._release(old)
+            self._removals += 1
         self._filling[key] = self._allocate(n)
         self._used += n
         return None
@@ -294,6 +296,7 @@ class MemoryStore(Store):
                 if arr is not None:
                     self._release(arr)
                     n += 1
+            self._removals += n
             return n
 
     def remove_all(self) -> int:
@@ -302,7 +305,11 @@ class MemoryStore(Store):
             for arr in self._data.values():
                 self._release(arr)
             self._data.clear()
+            self._removals += n
             return n
+
+    def removal_count(self) -> int | None:
+        return self._removals
 
     def close(self) -> None:
         self.copies.close()

@@ -138,6 +138,42 @@ def store_lookup(geo: StoreGeometry, num_tokens: int, hashes: Sequence[bytes],
     return LookupResult(hit, tail_key_boundaries(geo, hashes, hit, pool))
 
 
+@dataclass(frozen=True)
+class LookupMemo:
+    """What the connector remembers of a waiting request's last lookup (not vLLM 0.33): its
+    length, the store's removal count then, and the candidate keys found present."""
+
+    num_tokens: int
+    removals: int | None
+    found: frozenset[tuple[int, bytes]]
+
+
+def remembered_lookup(geo: StoreGeometry, num_tokens: int, hashes: Sequence[bytes],
+                      present: Callable[[int, bytes], bool], removals: int | None,
+                      memo: LookupMemo | None) -> tuple[LookupResult, LookupMemo]:
+    """The remembered-lookup rule (docs/connector-ops.md, "Remembered lookups"): a key found
+    present by an earlier ask of the same request is taken as present, unless the store
+    reported a removal since (then every key is asked again); every other key is asked now.
+    Keys are only added between reported removals, so the answer is ``store_lookup``'s; where
+    removals go unreported (``removals`` None) a remembered key may be gone, and the load of
+    such a hit fails closed (``worker``: all or nothing), never serving other bytes."""
+    keep: frozenset[tuple[int, bytes]] = frozenset()
+    if memo is not None and memo.num_tokens == num_tokens and (
+            removals is None or memo.removals == removals):
+        keep = memo.found
+
+    def seen(gid: int, digest: bytes) -> bool:
+        return (gid, bytes(digest)) in keep or present(gid, digest)
+
+    res = store_lookup(geo, num_tokens, hashes, seen)
+    token_len = geo.align_lookup_length(num_tokens)
+    found = frozenset(
+        (gid, bytes(hashes[u]))
+        for gid, units in candidate_units(geo, len(hashes), max(token_len, 0)).items()
+        for u in units if seen(gid, bytes(hashes[u])))
+    return res, LookupMemo(num_tokens, removals, found)
+
+
 def tail_key_boundaries(geo: StoreGeometry, hashes: Sequence[bytes], hit: int,
                         pool: ExternalCachedBlockPool) -> tuple[TailKeyBoundary, ...]:
     """Per group, the boundary whose hash keys its last chunk: ``hit`` itself, else the first

@@ -58,6 +58,7 @@ class ScriptedStore:
         self.keys: dict[Hashable, Any] = {}
         self.script: deque[Any] = deque()
         self.log: list[tuple[list[Any], Any]] = []  # (tags of the batch, script entry)
+        self.removals = 0  # keys removed (a store event the connector sees: remembered lookups)
 
     def set_script(self, script: list[Any]) -> None:
         self.script = deque(check_script(script))
@@ -81,4 +82,5 @@ class ScriptedStore:
         for k in keys:
             if self.keys.pop(k, None) is not None:
                 n += 1
+        self.removals += n
         return n

@@ -169,6 +169,9 @@ def all_lemmas() -> list[LemmaResult]:
     out += tail_put_covers()
     out += clip_monotone()
     out += truncation_divides()
+    from .remembered import remembered_lemmas  # after this module: it imports _prove
+
+    out += remembered_lemmas()
     return out
 
 
@@ -194,4 +197,11 @@ def lemma_mutants() -> dict[str, list[LemmaResult]]:
         "ck_off_by_one": [ck_below_p(ck_off_by_one)],
         "hit_unaligned": aligned_hit_servable(alignment_unfloored, (False,), lookup=False),
         "tail_from_boundary": tail_put_covers(tail_from_boundary),
+        **_remembered_mutants(),
     }
+
+
+def _remembered_mutants() -> dict[str, list[LemmaResult]]:
+    from .remembered import remembered_mutants  # after this module: it imports _prove
+
+    return remembered_mutants()

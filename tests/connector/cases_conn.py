@@ -408,6 +408,40 @@ def lookup_clipped_by_missing_group() -> Case:
     return c
 
 
+def hit_evicted_before_load() -> Case:
+    c = case("conn_hit_evicted_before_load",
+             "Remembered lookups (docs/connector-ops.md): C's lookup hits 32 but C is not admitted "
+             "that step; FA@16 is then evicted in the middle of the prefix (a removal the store "
+             "reports), so C's next lookup is asked again and misses (FA block 0 is gone). A's "
+             "lookup hits 32 and is admitted; FA@32 is evicted between its lookup and its load: "
+             "the step still carries the load (the spec was taken at lookup time, as in vLLM), "
+             "which fails closed on impl (the value is absent, no block is written).",
+             config(G16, 4))
+    c.add("C", [rng(0, 48)])
+    c.op("store_seed", rid="C", keys=[[0, 16], [0, 32], [1, 32]])
+    c.op("new_step")
+    c.op("lookup", rid="C")
+    c.op("sched_lookup", rid="C")
+    c.op("store_remove", rid="C", keys=[[0, 16]])
+    c.op("new_step")
+    c.op("lookup", rid="C")
+    c.op("sched_lookup", rid="C")
+    c.add("A", [rng(100, 148)])
+    c.op("store_seed", rid="A", keys=[[0, 16], [0, 32], [1, 32]])
+    c.op("new_step")
+    c.op("lookup", rid="A")
+    c.op("sched_lookup", rid="A")
+    c.op("store_remove", rid="A", keys=[[0, 32]])
+    c.op("plan_chunk", rid="A", use_hit=True, external=32)
+    c.op("allocate", rid="A", n="plan", use_hit=True, external=32)
+    c.op("drain_offloads")
+    c.op("drain_copies")
+    c.op("conn_step")
+    c.op("commit", rid="A")
+    c.op("conn_state")
+    return c
+
+
 def sub_block_prompt_lookup() -> Case:
     c = case("conn_sub_block_prompt_lookup",
              "E4/S15/W5: with partial hits a 12-token prompt (shorter than one 16-token block) is "
@@ -756,7 +790,8 @@ ALL: list[Callable[[], Case]] = [
     two_workers_release_last, finish_handoff_pinned_before_cleanup,
     finish_past_boundary_no_handoff, resumed_prefill_claims_past_prompt, decode_boundary_dropped,
     remote_vs_local_tail, full_external_hit_rederived, full_external_hit_coarse,
-    lookup_clipped_by_missing_group, sub_block_prompt_lookup, eagle_tail_puts_proof_margin,
+    lookup_clipped_by_missing_group, hit_evicted_before_load, sub_block_prompt_lookup,
+    eagle_tail_puts_proof_margin,
     pins_block_reset, tracker_save_boundaries, consumer_claims_nothing,
     aligned_prompt_two_handoffs, multi_mamba_groups, cow_target_not_reused,
     external_mamba_admission_undercount, spec_blocks_store_round_trip, *WINDOW,

@@ -1,0 +1,160 @@
+"""Scheduler-thread time per prefill step with N waiting L-token prompts, on vLLM 0.33's real
+``Scheduler`` (no forward): ``TailproofConnector`` (producer, memory store) against the same
+scheduler without a connector, and against the connector with remembered lookups off (every
+ask probes every candidate key, as vLLM 0.33's ``MooncakeStoreWorker.lookup`` does).
+
+The step: a running request R (16,384-token prompt) prefills 2,048 tokens a step
+(``long_prefill_token_threshold``), leaving 8 tokens of the 2,056-token budget; the head
+waiting request is then asked about (local prefix cache, then the connector's
+``get_num_new_matched_tokens``) and not admitted (its Mamba-aligned chunk is 0), so it is
+asked again every step, as vLLM does; N - 1 more requests wait behind it. The waiting prompts
+share nothing with R or the store (a hit would admit the head with an asynchronous load).
+Timed: R's full-chunk steps, ``schedule()`` + ``update_from_output()``; the model
+runner output (R's worker reporting every store job done) is built untimed. Groups: full
+attention 16 + Mamba 64, h = 16 (partial hits on).
+
+Each round builds fresh schedulers and runs R's prefill steps on each variant, in an order
+that rotates per round; a round's ratio is its total step time over the no-connector one's.
+Prints min and median of the paired ratios, the keys probed per step, and the machine load.
+
+    .venv/bin/python benchmarks/waiting_lookups.py [--rounds 5] [--lengths 1024 8192 32768]
+        [--waiting 16 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "tests" / "impl"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")  # no forward: positions unused
+
+GROUPS = (("full_attention", 16), ("mamba", 64))
+H, BUDGET, CHUNK, RUNNING = 16, 2056, 2048, 16384
+VARIANTS = ("none", "connector", "no-memo")
+
+
+def build(variant: str, max_len: int, num_blocks: int) -> Any:
+    """A real Scheduler: no connector, or TailproofConnector (memo on / off)."""
+    from engine_sim import kv_cache_config, vllm_config
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    vc = vllm_config({"store": "memory", "namespace": f"wl-{random.random()}"}, h=H,
+                     block_size=16, max_batched=BUDGET, max_model_len=max_len)
+    vc.scheduler_config.long_prefill_token_threshold = CHUNK
+    if variant == "none":
+        vc.kv_transfer_config = None
+    vc.cache_config.num_gpu_blocks = num_blocks
+    kvc = kv_cache_config(num_blocks, GROUPS, H)
+    sched = Scheduler(vc, kvc, StructuredOutputManager(vc), block_size=64, hash_block_size=H,
+                      log_stats=False)
+    if variant == "no-memo":
+        sched.connector.scheduler_side.lookup_client.remember = False
+    return sched
+
+
+def request(rid: str, tokens: list[int]) -> Any:
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher
+    from vllm.v1.request import Request
+
+    sp = SamplingParams(max_tokens=2, ignore_eos=True)
+    sp.update_from_generation_config({}, eos_token_id=2)
+    return Request(rid, tokens, sampling_params=sp, pooling_params=None,
+                   block_hasher=get_request_block_hasher(H, sha256))
+
+
+def run(variant: str, length: int, waiting: int) -> tuple[float, int, int]:
+    """Seconds of scheduler-thread time over R's prefill steps, steps, keys probed."""
+    from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+
+    from tailproof.impl.meta import TailproofWorkerMeta
+
+    rnd = random.Random(length * 1000 + waiting)
+    sched = build(variant, RUNNING + length + 64, RUNNING // 16 + 400)
+    sched.add_request(request("R", [rnd.randrange(3, 30000) for _ in range(RUNNING)]))
+    for i in range(waiting):
+        w = request(f"w{i}", [rnd.randrange(3, 30000) for _ in range(length)])
+        sched.add_request(w)
+    side = sched.connector.scheduler_side if variant != "none" else None
+    probed0 = side.lookup_client.keys_probed if side else 0
+    total, steps = 0.0, 0
+    gc.collect()
+    gc.disable()
+    try:
+        while RUNNING - sched.requests["R"].num_computed_tokens > CHUNK:  # full chunks only
+            t0 = time.perf_counter()
+            so = sched.schedule()
+            total += time.perf_counter() - t0
+            rids = list(so.num_scheduled_tokens)
+            kvo = None
+            if side is not None:
+                kvo = KVConnectorOutput(kv_connector_worker_meta=TailproofWorkerMeta(
+                    completed_saves={j: 1 for j in side.pinned_saves}))
+            # schedule() already advanced num_computed_tokens: a finished prefill samples
+            sampled = [[7] if sched.requests[r].num_computed_tokens >= sched.requests[r].num_tokens
+                       else [] for r in rids]
+            mro = ModelRunnerOutput(req_ids=rids, req_id_to_index={r: i for i, r in
+                                                                   enumerate(rids)},
+                                    sampled_token_ids=sampled, kv_connector_output=kvo)
+            t0 = time.perf_counter()
+            sched.update_from_output(so, mro)
+            total += time.perf_counter() - t0
+            steps += 1
+            assert set(rids) == {"R"}, (variant, steps, dict(so.num_scheduled_tokens))
+    finally:
+        gc.enable()
+    probed = (side.lookup_client.keys_probed - probed0) if side else 0
+    if side is not None:
+        sched.connector.shutdown()
+    return total, steps, probed
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--lengths", type=int, nargs="+", default=[1024, 8192, 32768])
+    ap.add_argument("--waiting", type=int, nargs="+", default=[16, 64])
+    args = ap.parse_args(argv)
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import init_none_hash
+
+    init_none_hash(sha256)
+    print(f"load before: {os.getloadavg()}", flush=True)
+    for length in args.lengths:
+        for n in args.waiting:
+            times: dict[str, list[float]] = {v: [] for v in VARIANTS}
+            probes: dict[str, int] = {}
+            steps = 0
+            for r in range(args.rounds + 1):  # round 0 warms up, untimed
+                order = VARIANTS[r % 3:] + VARIANTS[:r % 3]
+                for v in order:
+                    t, steps, p = run(v, length, n)
+                    if r:
+                        times[v].append(t)
+                        probes[v] = p
+            base = times["none"]
+            line = [f"L={length:>6} N={n:>3} steps={steps}",
+                    f"none {1e3 * statistics.median(base) / steps:.3f} ms/step"]
+            for v in ("connector", "no-memo"):
+                ratios = [a / b for a, b in zip(times[v], base, strict=True)]
+                line.append(f"{v} {1e3 * statistics.median(times[v]) / steps:.3f} ms/step "
+                            f"x{min(ratios):.2f}/{statistics.median(ratios):.2f} "
+                            f"(keys/step {probes[v] / steps:.0f})")
+            print(" | ".join(line), flush=True)
+    print(f"load after: {os.getloadavg()}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,78 @@
+"""Junction checkpoints that resolve on but do not act: each skip is counted by reason and
+said once (``SchedulerSide._junction_skipped``), including vLLM's own junction where it keys
+no Mamba state (no EAGLE group), which the issue's agent workload hit silently."""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import pytest
+
+from tailproof.impl.config import Settings, StoreGeometry
+from tailproof.impl.scheduler_side import SchedulerSide
+
+H = 16
+
+
+def _side() -> SchedulerSide:
+    geo = StoreGeometry(core_group_ids=(0, 1), block_sizes=(16, 64), is_mamba=(False, True),
+                        hash_block_size=H, lcm_block_size=64, partial_hits=True,
+                        use_eagle=False, num_blocks=64)
+    side = SchedulerSide(Settings(junction_checkpoints=True), geo, None, 1)
+    side.exact_junction_stops = True
+    return side
+
+
+def _req(rid: str, shared: int, spb: int = 0) -> SimpleNamespace:
+    """A 160-token prompt sharing its first ``shared`` blocks with request "a"."""
+    hashes = [bytes([i]) * 4 for i in range(shared)]
+    hashes += [rid.encode() + bytes([i]) for i in range(shared, 10)]
+    return SimpleNamespace(request_id=rid, num_prompt_tokens=160, block_hashes=hashes,
+                           shared_prefix_boundary=spb)
+
+
+def test_each_skip_is_counted_by_reason_and_logged_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    side = _side()
+    total = side.metrics.c.total
+    side._set_junction(_req("a", 10), 0)  # first prompt: nothing shared, nothing counted
+    b = _req("b", 3)
+    side._set_junction(b, 0)  # junction 48, off the Mamba grid (64): a stop is set
+    assert total("junctions_set") == 1 and b.shared_prefix_boundary == 48
+    side.vllm_keys_junctions = False  # no EAGLE group: vLLM keys no state at its junction
+    with caplog.at_level(logging.INFO, logger="tailproof.impl.scheduler_side"):
+        side._set_junction(_req("c", 3, spb=48), 0)
+        side._set_junction(_req("c2", 3, spb=48), 0)
+    assert total("junctions_skipped_vllm_junction_unkeyed") == 2
+    assert caplog.text.count("keys no Mamba state there") == 1  # said once
+    side.vllm_keys_junctions = True
+    side._set_junction(_req("d", 3, spb=48), 0)
+    assert total("junctions_skipped_vllm_junction") == 1
+    side._set_junction(_req("e", 4), 0)  # 64: vLLM hands off the aligned state
+    assert total("junctions_skipped_aligned") == 1
+    side._set_junction(_req("f", 3), 48)  # the hit already reaches the junction
+    assert total("junctions_skipped_served") == 1
+    side._set_junction(_req("g", 3, spb=80), 0)  # vLLM stops the chunk later itself
+    assert total("junctions_skipped_vllm_junction_later") == 1
+    side.exact_junction_stops = False
+    side._set_junction(_req("h", 3), 0)
+    assert total("junctions_skipped_no_hook") == 1
+    assert total("junctions_set") == 1
+
+
+@pytest.mark.vllm
+def test_hook_reads_whether_vllm_keys_its_junction() -> None:
+    """On the real Scheduler without an EAGLE group vLLM keys no state at its own junction:
+    the hook records it, so such skips are told apart (``vllm_junction_unkeyed``)."""
+    pytest.importorskip("vllm")
+    from engine_sim import Engine
+
+    e = Engine({"store": "memory", "namespace": "jn-reasons", "junction_checkpoints": True},
+               num_blocks=96, groups=(("full_attention", 16), ("mamba", 16)), h=4,
+               max_batched=64)
+    side = e.conn.scheduler_side
+    assert side.exact_junction_stops
+    assert side.vllm_keys_junctions is False
+    assert not e.sched.kv_cache_manager.mamba_shared_prefix_checkpoint
+    e.shutdown()
