@@ -569,7 +569,7 @@ def cmd_prove(args: argparse.Namespace) -> int:
     _require_prover()
     if args.export is not None and not Path(args.export).is_dir():
         raise UsageError(f"--export: {args.export} is not a directory", "create it first")
-    from tailproof.spec.prove import main as prove_main
+    from tailproof.conformance.prove_cli import main as prove_main
 
     argv = (["--json"] if args.json else []) + (["--quick"] if args.quick else [])
     argv += ["--export", str(args.export)] if args.export is not None else []

@@ -1,20 +1,21 @@
-"""``tailproof prove``: every lemma, the bounded check, the induction step and the mutants.
+"""The proofs behind ``tailproof prove``: every lemma, the bounded check, the induction step and
+the mutants.
 
-Prints a table (property, method, bound, result, seconds) or, with ``--json``, one object with
-``properties``, ``mutants`` and ``findings``. Exit status 1 if a proof fails (counterexample
-or unknown) or a mutant survives, else 0. ``--export DIR`` also writes every mappable mutant
-counterexample as a conformance trace ``spec_<mutant>.json``; ``--quick`` lowers the bounds.
+:func:`run` returns one report with ``properties``, ``mutants`` and ``findings``;
+:func:`failed` says whether a proof failed (counterexample or unknown) or a mutant survived;
+:func:`print_table` prints it as a table (property, method, bound, result, seconds). Each
+mappable counterexample is handed to ``run``'s ``export`` callback as a :class:`Counterexample`:
+writing it as a conformance trace is the harness's job (``tailproof.conformance.spec_export``),
+and so is the command line (``tailproof.conformance.prove_cli``), so the spec imports nothing
+of the harness.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from .invariants import ALL
@@ -59,6 +60,22 @@ FINDINGS: list[tuple[str, Config, int, str, str]] = [
 ]
 
 
+@dataclass(frozen=True)
+class Counterexample:
+    """A mappable counterexample ``run`` found: the harness may write it as a conformance trace."""
+
+    name: str  # the trace's name (and file stem), e.g. ``spec_<mutant>``
+    config: Config
+    actions: list[tuple]
+    description: str
+    #: a finding: the trace ends with one more step in which this request looks its prefix up
+    final_lookup: int | None = None
+
+
+#: Writes a counterexample (the harness writes it as a trace) and answers where it went.
+Export = Callable[[Counterexample], str]
+
+
 @dataclass
 class Row:
     """One line of the results table."""
@@ -78,10 +95,11 @@ def _bound(cfg: Config, depth: int) -> str:
     return f"K={depth} N={cfg.num_blocks} R={len(cfg.prompts)} W={cfg.workers}"
 
 
-def run(quick: bool = False, export: Path | None = None,
+def run(quick: bool = False, export: Export | None = None,
         progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run everything; return the JSON report. ``progress`` is told each property before it
-    runs (the CLI prints it with the elapsed time)."""
+    runs (the CLI prints it with the elapsed time); ``export`` is given each mappable
+    counterexample and its answer becomes the entry's ``trace``."""
     say = progress or (lambda _name: None)
     props: list[Row] = []
     say("z3 lemmas")
@@ -118,12 +136,8 @@ def run(quick: bool = False, export: Path | None = None,
         elif m.trace and not entry["mappable"]:
             entry["unmappable_reason"] = "runs a rank's store jobs out of FIFO order"
         if export is not None and m.trace and entry["mappable"]:
-            path = export / f"spec_{name}.json"
-            from tailproof.conformance.spec_export import to_trace  # the harness writes traces
-
-            doc = to_trace(m.config, m.trace, f"spec_{name}", describe(name, m))
-            path.write_text(json.dumps(doc, indent=1) + "\n")
-            entry["trace"] = str(path)
+            entry["trace"] = export(Counterexample(f"spec_{name}", m.config, m.trace,
+                                                   describe(name, m)))
         mutants.append(entry)
     say("lemma and induction mutants")
     for name, results in lemma_mutants().items():
@@ -147,15 +161,10 @@ def run(quick: bool = False, export: Path | None = None,
                              "steps": [list(a) for a in b.trace or []], "explanation": why,
                              "seconds": round(b.seconds, 3)}
         if export is not None and b.trace and mappable(b.trace):
-            from tailproof.conformance.spec_export import to_trace  # the harness writes traces
-
-            doc = to_trace(cfg, b.trace, fname, f"Spec finding: {why}. The spec's ghost "
-                           f"check reports {f['invariant']} ({f['message']}); the final "
-                           "lookup of r1 hits the never-computed blocks.")
-            doc["ops"][-1:-1] = [{"op": "new_step"}, {"op": "lookup", "rid": "r1"}]
-            path = export / f"{fname}.json"
-            path.write_text(json.dumps(doc, indent=1) + "\n")
-            f["trace"] = str(path)
+            f["trace"] = export(Counterexample(
+                fname, cfg, b.trace, f"Spec finding: {why}. The spec's ghost check reports "
+                f"{f['invariant']} ({f['message']}); the final lookup of r1 hits the "
+                "never-computed blocks.", final_lookup=1))
         findings.append(f)
     return {"properties": [p.as_json() for p in props], "mutants": mutants,
             "findings": findings, "invariants": names.split(","), "bmc_coverage": coverage}
@@ -205,26 +214,4 @@ def stderr_progress(t0: float) -> Callable[[str], None]:
     def say(name: str) -> None:
         print(f"prove [{time.monotonic() - t0:6.1f}s] {name}", file=sys.stderr, flush=True)
     return say
-
-
-def main(argv: list[str]) -> int:
-    """CLI entry (wired into ``tailproof prove`` and ``tailproof check``)."""
-    ap = argparse.ArgumentParser(prog="tailproof prove", description=__doc__)
-    ap.add_argument("--json", action="store_true", help="print one JSON object")
-    ap.add_argument("--quick", action="store_true", help="lower bounds (a few seconds)")
-    ap.add_argument("--export", type=Path, help="write mutant counterexample traces here")
-    args = ap.parse_args([a for a in argv if a != "--"])  # `tailproof prove -- --quick`
-    t0 = time.monotonic()
-    report = run(quick=args.quick, export=args.export, progress=stderr_progress(t0))
-    report["seconds"] = round(time.monotonic() - t0, 3)
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        print_table(report)
-        print(f"\ntotal {report['seconds']:.1f}s")
-    return 1 if failed(report) else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
 
