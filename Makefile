@@ -10,11 +10,14 @@ venv:
 check: venv
 	$(VENV)/bin/tailproof check
 
+# The import contracts (pyproject.toml [tool.importlinter]) first: a second, not a minute.
 test: venv
+	./scripts/lint_imports.sh
 	$(VENV)/bin/python -m pytest
 
 lint: venv
 	$(VENV)/bin/ruff check .
+	./scripts/lint_imports.sh
 
 bench: venv
 	$(VENV)/bin/python -m pytest benchmarks --benchmark-only

@@ -614,7 +614,7 @@ def cmd_prove(args: argparse.Namespace) -> int:
         raise UsageError(f"--export: {args.export} is not a directory", "create it first")
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs: {args.jobs} is not a number of processes", "--jobs 2")
-    from tailproof.spec.prove import main as prove_main
+    from tailproof.conformance.prove_cli import main as prove_main
 
     argv = (["--json"] if args.json else []) + (["--quick"] if args.quick else [])
     argv += ["--export", str(args.export)] if args.export is not None else []

@@ -25,6 +25,11 @@ requests since the last one) and the step's ``commit``s move after it, as in vLL
 ``finish`` becomes ``conn_finish`` + ``free``. Worker ops run FIFO per rank in vLLM, so a
 sequence that runs a rank's jobs out of order is not mappable.
 
+``writer(folder)`` is the ``export`` callback of ``tailproof.spec.prove.run`` (``tailproof prove
+--export DIR``): it writes each counterexample as ``<name>.json``; a finding's trace ends with one
+more step in which the named request looks its prefix up (the lookup that hits the
+never-computed blocks).
+
 The steps are written with the harness's step builder (``tailproof.conformance.steps``),
 without running; the model says which chunks were scheduled. Observations are left to the
 adapters (no ``expect``): the trace checks that the implementations agree on the scenario;
@@ -33,12 +38,27 @@ the model's own verdict is in the description.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from tailproof.conformance.steps import Steps, op
 from tailproof.conformance.trace import FORMAT_TAG
 from tailproof.spec.model import Config, State, initial
 from tailproof.spec.proofs.export import mappable, needs_connector
+from tailproof.spec.prove import Counterexample, Export
+
+
+def writer(folder: Path) -> Export:
+    """The ``export`` callback that writes each counterexample into ``folder``."""
+    def write(cx: Counterexample) -> str:
+        doc = to_trace(cx.config, cx.actions, cx.name, cx.description)
+        if cx.final_lookup is not None:
+            doc["ops"][-1:-1] = [op("new_step"), op("lookup", rid=f"r{cx.final_lookup}")]
+        path = folder / f"{cx.name}.json"
+        path.write_text(json.dumps(doc, indent=1) + "\n")
+        return str(path)
+    return write
 
 
 def to_trace(cfg: Config, actions: list[tuple], name: str, description: str) -> dict[str, Any]:

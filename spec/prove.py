@@ -1,18 +1,17 @@
-"""``tailproof prove``: every lemma, the bounded check, the induction step and the mutants.
+"""The proofs behind ``tailproof prove``: every lemma, the bounded check, the induction step and
+the mutants.
 
-Prints a table (property, method, bound, result, seconds) or, with ``--json``, one object with
-``properties``, ``mutants`` and ``findings``. Exit status 1 if a proof fails (counterexample
-or unknown) or a mutant survives, else 0. ``--export DIR`` also writes every mappable mutant
-counterexample as a conformance trace ``spec_<mutant>.json``; ``--quick`` lowers the bounds.
-The checks are independent and run in a pool of ``--jobs`` processes (default: the usable
-CPUs; the report's order does not depend on it); ``--no-symmetry`` searches without the
-symmetry reduction of :mod:`spec.symmetry` (the state counts it saves).
+:func:`run` (or a :class:`ProofRun` plus :func:`report`) returns one report with
+``properties``, ``mutants`` and ``findings``; :func:`failed` says whether a proof failed
+(counterexample or unknown) or a mutant survived; :func:`print_table` prints it as a table
+(property, method, bound, result, seconds). Each mappable counterexample is handed to the
+``export`` callback as a :class:`Counterexample`: writing it as a conformance trace is the
+harness's job (``tailproof.conformance.spec_export``), and so is the command line
+(``tailproof.conformance.prove_cli``), so the spec imports nothing of the harness.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import multiprocessing as mp
 import os
 import signal
@@ -20,7 +19,6 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from .invariants import ALL
@@ -63,6 +61,22 @@ FINDINGS: list[tuple[str, Config, int, str, str]] = [
      "KV/state was never computed, and a later lookup hits them",
      "spec_finding_priority_preempt_stale_keys"),
 ]
+
+
+@dataclass(frozen=True)
+class Counterexample:
+    """A mappable counterexample ``run`` found: the harness may write it as a conformance trace."""
+
+    name: str  # the trace's name (and file stem), e.g. ``spec_<mutant>``
+    config: Config
+    actions: list[tuple]
+    description: str
+    #: a finding: the trace ends with one more step in which this request looks its prefix up
+    final_lookup: int | None = None
+
+
+#: Writes a counterexample (the harness writes it as a trace) and answers where it went.
+Export = Callable[[Counterexample], str]
 
 
 @dataclass
@@ -192,7 +206,7 @@ def _mutant_task(name: str, depth: int, symmetry: bool) -> Any:
     return run_mutant(name, Config(), depth, symmetry=symmetry)
 
 
-def run(quick: bool = False, export: Path | None = None,
+def run(quick: bool = False, export: Export | None = None,
         progress: Callable[[str], None] | None = None, jobs: int = 1,
         symmetry: bool = True) -> dict[str, Any]:
     """Run everything; return the JSON report. ``progress`` is told each task as it starts
@@ -202,10 +216,11 @@ def run(quick: bool = False, export: Path | None = None,
         return report(proofs, export, progress)
 
 
-def report(proofs: ProofRun, export: Path | None = None,
+def report(proofs: ProofRun, export: Export | None = None,
            progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Wait for a :class:`ProofRun`'s results and build the JSON report (``seconds``: from the
-    run's start)."""
+    run's start); ``export`` is given each mappable counterexample and its answer becomes the
+    entry's ``trace``."""
     say = progress or (lambda _name: None)
     quick = proofs.quick
     results = proofs.results(say)
@@ -242,12 +257,8 @@ def report(proofs: ProofRun, export: Path | None = None,
         elif m.trace and not entry["mappable"]:
             entry["unmappable_reason"] = "runs a rank's store jobs out of FIFO order"
         if export is not None and m.trace and entry["mappable"]:
-            path = export / f"spec_{name}.json"
-            from tailproof.conformance.spec_export import to_trace  # the harness writes traces
-
-            doc = to_trace(m.config, m.trace, f"spec_{name}", describe(name, m))
-            path.write_text(json.dumps(doc, indent=1) + "\n")
-            entry["trace"] = str(path)
+            entry["trace"] = export(Counterexample(f"spec_{name}", m.config, m.trace,
+                                                   describe(name, m)))
         mutants.append(entry)
     lemma_ms, induction_ms = next(res)[0]
     for name, results_ in lemma_ms.items():
@@ -270,15 +281,10 @@ def report(proofs: ProofRun, export: Path | None = None,
                              "steps": [list(a) for a in b.trace or []], "explanation": why,
                              "seconds": round(b.seconds, 3)}
         if export is not None and b.trace and mappable(b.trace):
-            from tailproof.conformance.spec_export import to_trace  # the harness writes traces
-
-            doc = to_trace(cfg, b.trace, fname, f"Spec finding: {why}. The spec's ghost "
-                           f"check reports {f['invariant']} ({f['message']}); the final "
-                           "lookup of r1 hits the never-computed blocks.")
-            doc["ops"][-1:-1] = [{"op": "new_step"}, {"op": "lookup", "rid": "r1"}]
-            path = export / f"{fname}.json"
-            path.write_text(json.dumps(doc, indent=1) + "\n")
-            f["trace"] = str(path)
+            f["trace"] = export(Counterexample(
+                fname, cfg, b.trace, f"Spec finding: {why}. The spec's ghost check reports "
+                f"{f['invariant']} ({f['message']}); the final lookup of r1 hits the "
+                "never-computed blocks.", final_lookup=1))
         findings.append(f)
     return {"properties": [p.as_json() for p in props], "mutants": mutants,
             "findings": findings, "invariants": names.split(","), "bmc_coverage": coverage,
@@ -338,37 +344,3 @@ def stderr_progress(t0: float) -> Callable[[str], None]:
     def say(name: str) -> None:
         print(f"prove [{time.monotonic() - t0:6.1f}s] {name}", file=sys.stderr, flush=True)
     return say
-
-
-def main(argv: list[str]) -> int:
-    """CLI entry (wired into ``tailproof prove`` and ``tailproof check``)."""
-    ap = argparse.ArgumentParser(prog="tailproof prove", description=__doc__)
-    ap.add_argument("--json", action="store_true", help="print one JSON object")
-    ap.add_argument("--quick", action="store_true", help="lower bounds (a few seconds)")
-    ap.add_argument("--export", type=Path, help="write mutant counterexample traces here")
-    ap.add_argument("--jobs", "-j", type=int, default=None,
-                    help="worker processes (default: the CPUs this process may use)")
-    ap.add_argument("--no-symmetry", action="store_true",
-                    help="bounded search without symmetry reduction (compare state counts)")
-    args = ap.parse_args([a for a in argv if a != "--"])  # `tailproof prove -- --quick`
-    if args.jobs is not None and args.jobs < 1:
-        print(f"tailproof: --jobs must be >= 1, got {args.jobs} (fix: --jobs 2)",
-              file=sys.stderr)
-        return 2
-    jobs = args.jobs or default_jobs()
-    t0 = time.monotonic()
-    report = run(quick=args.quick, export=args.export, progress=stderr_progress(t0),
-                 jobs=jobs, symmetry=not args.no_symmetry)
-    report["seconds"] = round(time.monotonic() - t0, 3)
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        print_table(report)
-        print(f"\ntotal {report['seconds']:.1f}s wall, {report['cpu_seconds']:.1f}s CPU "
-              f"in {jobs} worker{'s' if jobs > 1 else ''}")
-    return 1 if failed(report) else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
-

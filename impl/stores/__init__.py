@@ -12,7 +12,8 @@ Import the interface from here::
 """
 
 from .base import ByteBuffer, Outcome, Status, Store, StoreError, as_bytes_array
-from .config import StoreConfig, StoreConfigError, make_store, parse_size
+from .config import StoreConfig, StoreConfigError, parse_size
+from .factory import make_store
 from .memory import FaultScript, MemoryStore
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""Store configuration: one validated, frozen record and the ``make_store`` factory.
+"""Store configuration: one validated, frozen record (``make_store`` is in ``factory``).
 
 Semantics: none in the reference (start-up validation only). Mirrors the store settings vLLM
 0.33's ``MooncakeStoreWorker.__init__`` reads from ``kv_connector_extra_config``.
@@ -39,7 +39,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from .base import Store, StoreError
+from .base import StoreError
 
 MIB = 1 << 20
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -252,15 +252,3 @@ def _int_in(v: Any, lo: int, hi: int) -> int:
         raise ValueError(f"must be in [{lo}, {hi}], got {v}")
     return v
 
-
-def make_store(config: Mapping[str, Any] | StoreConfig) -> Store:
-    """Build the configured store (validating a dict first). Mooncake is imported lazily, so a
-    memory-store user never needs the mooncake package or libibverbs."""
-    cfg = config if isinstance(config, StoreConfig) else StoreConfig.from_dict(config)
-    if cfg.backend == "mooncake":
-        from .mooncake import MooncakeStore
-
-        return MooncakeStore(cfg)
-    from .memory import MemoryStore
-
-    return MemoryStore(cfg.capacity_bytes, evict=cfg.evict, copy_threads=cfg.copy_threads)

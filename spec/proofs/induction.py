@@ -27,7 +27,7 @@ import time
 
 import z3
 
-from .lemmas import LemmaResult
+from .solve import LemmaResult
 
 KINDS = ("T", "R", "P")  # table, retention (incl. deferred frees), pin
 

@@ -8,41 +8,15 @@ arithmetic functions as parameters so a seeded mutant of them can be checked the
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import z3
 
 from .. import arithmetic as ar
+from .remembered import remembered_lemmas, remembered_mutants
+from .solve import TIMEOUT_MS, LemmaResult, prove_claim
 
-TIMEOUT_MS = 20_000
-
-
-@dataclass
-class LemmaResult:
-    """Outcome of one lemma: ``proved``, ``counterexample`` (with the model) or ``unknown``."""
-
-    name: str
-    result: str
-    seconds: float
-    model: str | None = None
-
-
-def _prove(name: str, hyps: list, claim: z3.BoolRef) -> LemmaResult:
-    t0 = time.monotonic()
-    s = z3.Solver()
-    s.set("timeout", TIMEOUT_MS)
-    s.add(*hyps)
-    s.add(z3.Not(claim))
-    r = s.check()
-    dt = time.monotonic() - t0
-    if r == z3.unsat:
-        return LemmaResult(name, "proved", dt)
-    if r == z3.sat:
-        return LemmaResult(name, "counterexample", dt, str(s.model()))
-    return LemmaResult(name, "unknown", dt)
-
+__all__ = ["TIMEOUT_MS", "LemmaResult", "all_lemmas", "lemma_mutants"]
 
 def _ints(names: str) -> list[z3.ArithRef]:
     return list(z3.Ints(names))
@@ -57,7 +31,7 @@ def ck_multiple_of_h(ck: CkFn = ar.checkpoint_position) -> LemmaResult:
     p, h, la = _ints("P h L")
     e = z3.Bool("eagle")
     c = ck(p, h, e, la)
-    return _prove("ck(P) % h == 0", [p >= 1, h >= 1, la >= 0], c % h == 0)
+    return prove_claim("ck(P) % h == 0", [p >= 1, h >= 1, la >= 0], c % h == 0)
 
 
 def ck_below_p(ck: CkFn = ar.checkpoint_position) -> LemmaResult:
@@ -66,7 +40,7 @@ def ck_below_p(ck: CkFn = ar.checkpoint_position) -> LemmaResult:
     p, h, la = _ints("P h L")
     e = z3.Bool("eagle")
     c = ck(p, h, e, la)
-    return _prove("0 <= ck(P) < P", [p >= 1, h >= 1, la >= 0], z3.And(c >= 0, c < p))
+    return prove_claim("0 <= ck(P) < P", [p >= 1, h >= 1, la >= 0], z3.And(c >= 0, c < p))
 
 
 def ck_largest(ck: CkFn = ar.checkpoint_position) -> LemmaResult:
@@ -76,7 +50,7 @@ def ck_largest(ck: CkFn = ar.checkpoint_position) -> LemmaResult:
     e = z3.Bool("eagle")
     c = ck(p, h, e, la)
     lim = z3.If(e, p - h, p - z3.If(la >= 1, la, 1))
-    return _prove("ck(P) is the largest admissible boundary",
+    return prove_claim("ck(P) is the largest admissible boundary",
                   [p >= 1, h >= 1, la >= 0, m >= 0, m % h == 0, m <= lim], m <= c)
 
 
@@ -98,11 +72,11 @@ def aligned_hit_servable(align: Callable[[int, int, bool], int] = ar.hit_alignme
         if not partial:
             claim = z3.And(claim, n % bs == 0)
         hyps = [h >= 1, b >= 1, k >= 1, j >= 1, n == a * j]
-        out.append(_prove(f"A-aligned hit servable (partial={partial})", hyps, claim))
+        out.append(prove_claim(f"A-aligned hit servable (partial={partial})", hyps, claim))
         if not lookup:
             continue
         f = ar.aligned_lookup_length(t, a)
-        out.append(_prove(f"aligned_lookup_length is A-aligned (partial={partial})",
+        out.append(prove_claim(f"aligned_lookup_length is A-aligned (partial={partial})",
                           [h >= 1, b >= 1, k >= 1, t >= 0],
                           z3.And(f % a == 0, f <= t, t - f < a)))
     return out
@@ -124,7 +98,7 @@ def tail_put_covers(tail: Callable = ar.tail_put_range) -> list[LemmaResult]:
         covered = z3.Or((i + 1) * bs <= saved_end, z3.And(lo <= i, i < hi))
         hyps = [h >= 1, b >= 1, k >= 1, n >= 1, n % h == 0, i >= 0, i * bs < n + margin,
                 z3.Or(f == 0, f == 1)]
-        out.append(_prove(f"tail puts cover smaller-group blocks (eagle={eagle})", hyps,
+        out.append(prove_claim(f"tail puts cover smaller-group blocks (eagle={eagle})", hyps,
                           z3.And(covered, lo * bs == saved_end)))
     return out
 
@@ -135,9 +109,9 @@ def clip_monotone(clip: Callable = ar.clip_joint_hit) -> list[LemmaResult]:
     by ``aligned_hit_servable``)."""
     c, g1, g2, c2, h1, h2, a = _ints("c g1 g2 c2 h1 h2 a")
     x, y = clip(c, [g1, g2]), clip(c2, [h1, h2])
-    mono = _prove("clip monotone", [c <= c2, g1 <= h1, g2 <= h2], x <= y)
-    below = _prove("clip <= every group hit", [], z3.And(x <= c, x <= g1, x <= g2))
-    aligned = _prove("clip of A-aligned hits is A-aligned",
+    mono = prove_claim("clip monotone", [c <= c2, g1 <= h1, g2 <= h2], x <= y)
+    below = prove_claim("clip <= every group hit", [], z3.And(x <= c, x <= g1, x <= g2))
+    aligned = prove_claim("clip of A-aligned hits is A-aligned",
                      [a >= 1, c % a == 0, g1 % a == 0, g2 % a == 0], x % a == 0)
     return [mono, below, aligned]
 
@@ -155,9 +129,9 @@ def truncation_divides() -> list[LemmaResult]:
     q = ar.floor_div(n, lcm)
     hyps = [h >= 1, b1 >= 1, b2 >= 1, k1 >= 1, k2 >= 1, lcm == bs2 * k2, n >= 0]
     return [
-        _prove("truncation endpoint is whole blocks of every group", hyps,
+        prove_claim("truncation endpoint is whole blocks of every group", hyps,
                z3.And(end == (q * k1) * bs1, end == (q * k2) * bs2)),
-        _prove("truncation endpoint = hit - hit % lcm, within one lcm", hyps,
+        prove_claim("truncation endpoint = hit - hit % lcm, within one lcm", hyps,
                z3.And(end <= n, n - end < lcm, end == n - n % lcm)),
     ]
 
@@ -169,8 +143,6 @@ def all_lemmas() -> list[LemmaResult]:
     out += tail_put_covers()
     out += clip_monotone()
     out += truncation_divides()
-    from .remembered import remembered_lemmas  # after this module: it imports _prove
-
     out += remembered_lemmas()
     return out
 
@@ -197,11 +169,5 @@ def lemma_mutants() -> dict[str, list[LemmaResult]]:
         "ck_off_by_one": [ck_below_p(ck_off_by_one)],
         "hit_unaligned": aligned_hit_servable(alignment_unfloored, (False,), lookup=False),
         "tail_from_boundary": tail_put_covers(tail_from_boundary),
-        **_remembered_mutants(),
+        **remembered_mutants(),
     }
-
-
-def _remembered_mutants() -> dict[str, list[LemmaResult]]:
-    from .remembered import remembered_mutants  # after this module: it imports _prove
-
-    return remembered_mutants()

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 
 import z3
 
-from .lemmas import LemmaResult, _prove
+from .solve import LemmaResult, prove_claim
 
 N = 8
 Bools = Sequence[z3.BoolRef]
@@ -62,7 +62,7 @@ def remembered_equals_fresh(ask: ReaskFn = reask) -> LemmaResult:
     # a store that reports removals and reported none between the asks only added keys
     added_only = z3.Implies(z3.And(can_report, z3.Not(reported)),
                             z3.And(*[z3.Implies(a, b) for a, b in zip(s0, s1, strict=True)]))
-    return _prove("remembered hit == fresh hit (no removal reported)",
+    return prove_claim("remembered hit == fresh hit (no removal reported)",
                   [added_only, can_report], ask(s0, s1, reported) == prefix(s1))
 
 
@@ -76,7 +76,7 @@ def remembered_never_serves_gone_bytes(ask: ReaskFn = reask,
     claim = z3.And(z3.Implies(ok, every_block),
                    z3.Implies(z3.Not(ok), z3.And(*[z3.Not(w) for w in written])),
                    *[z3.Implies(w, s2[i]) for i, w in enumerate(written)])
-    return _prove("a remembered hit never serves bytes the store no longer holds",
+    return prove_claim("a remembered hit never serves bytes the store no longer holds",
                   [r >= 0, r <= N], claim)
 
 

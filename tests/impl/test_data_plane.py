@@ -4,9 +4,9 @@ and the worker's promise that the step never waits for the store."""
 from __future__ import annotations
 
 import os
+import random
 import threading
-import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -21,19 +21,24 @@ from tailproof.impl.stores import MemoryStore, Outcome, Status
 
 
 def test_lanes_keep_per_key_order_and_run_keys_apart() -> None:
+    """Driven by hand in a seeded random interleaving of the lanes (no timing): each key's
+    jobs run in submission order on its own lane, and a lane runs without waiting for the
+    others (all of one lane's jobs finish while another's are still queued)."""
     seen: list[tuple[str, int]] = []
-    lock = threading.Lock()
-
-    def run(job: tuple[str, int]) -> None:
-        time.sleep(0.001 * (job[1] % 3))
-        with lock:
-            seen.append(job)
-
-    lanes: Lanes[tuple[str, int]] = Lanes("t", run, lambda j: None, threads=3, max_queued=100)
+    lanes: Lanes[tuple[str, int]] = Lanes("t", seen.append, lambda j: None, threads=3,
+                                          max_queued=100, manual=True)
     for i in range(10):
         for k in ("a", "b", "c"):
             assert lanes.submit(k, (k, i))
-    assert lanes.wait_idle(10)
+    lane_b = lanes.lane_of("b")
+    assert lane_b != lanes.lane_of("a")
+    while lanes.run_next(lane_b) is not None:  # lane b runs out while a's lane is held
+        pass
+    assert [j for j in seen if j[0] == "b"] == [("b", i) for i in range(10)]
+    assert all(k != "b" for k, _ in lanes.queued()) and len(lanes.queued()) == 20
+    rng = random.Random(7)
+    while lanes.queued():
+        lanes.run_next(rng.randrange(3))
     for k in ("a", "b", "c"):
         assert [i for kk, i in seen if kk == k] == list(range(10))
     assert lanes.close() == 0
@@ -41,11 +46,16 @@ def test_lanes_keep_per_key_order_and_run_keys_apart() -> None:
 
 def test_full_lanes_refuse_instead_of_blocking() -> None:
     gate = threading.Event()
-    lanes: Lanes[int] = Lanes("t", lambda j: gate.wait(10), lambda j: None, max_queued=2)
+    finished: list[int] = []
+
+    def run(job: int) -> None:
+        gate.wait(60)
+        finished.append(job)
+
+    lanes: Lanes[int] = Lanes("t", run, lambda j: None, max_queued=2)
     assert lanes.submit("k", 1) and lanes.submit("k", 2)
-    t = time.perf_counter()
-    assert not lanes.submit("k", 3)  # full: answered at once
-    assert time.perf_counter() - t < 0.1
+    assert not lanes.submit("k", 3)  # full: refused ...
+    assert finished == []  # ... while the gate still holds the worker: it did not wait for it
     gate.set()
     assert lanes.wait_idle(10) and lanes.submit("k", 4)
     lanes.close()
@@ -60,14 +70,25 @@ def test_close_finishes_queued_jobs_or_abandons_them() -> None:
     assert lanes.close(timeout=10) == 0 and sorted(ran) == list(range(5)) and not abandoned
     # A store that never answers: the running job is left to finish, the queued ones are
     # abandoned (reported by the caller), nothing is lost.
-    stuck = threading.Event()
+    # The store answers only once close has given up (at the first abandon): no timing.
+    started, stuck = threading.Event(), threading.Event()
     ran2: list[int] = []
-    lanes2: Lanes[int] = Lanes("t", lambda j: (stuck.wait(5), ran2.append(j)),
-                               abandoned.append, max_queued=10)
+
+    def run(job: int) -> None:
+        started.set()
+        assert stuck.wait(60)
+        ran2.append(job)
+
+    def abandon(job: int) -> None:
+        abandoned.append(job)
+        stuck.set()
+
+    lanes2: Lanes[int] = Lanes("t", run, abandon, max_queued=10)
     for i in range(4):
         lanes2.submit("k", i)
-    threading.Timer(0.3, stuck.set).start()
+    assert started.wait(30)  # job 0 is running (held) before close starts
     assert lanes2.close(timeout=0.1) == 3
+    assert lanes2.wait_idle(30)  # the held job finishes once released
     assert abandoned == [1, 2, 3] and ran2 == [0]
     assert not lanes2.submit("k", 9)  # closed
 
@@ -77,7 +98,6 @@ def test_manual_lanes_run_exactly_the_jobs_handed_out() -> None:
     lanes: Lanes[int] = Lanes("t", ran.append, lambda j: None, manual=True)
     for i in range(3):
         lanes.submit("k", i)
-    time.sleep(0.05)
     assert ran == [] and [j for j in lanes.queued()] == [0, 1, 2]
     assert lanes.run_next() == 0 and ran == [0]
     assert lanes.run_next() == 1 and ran == [0, 1]
@@ -89,6 +109,17 @@ def test_staging_pool_waits_for_a_free_buffer_and_never_deadlocks_on_size() -> N
     pool = StagingPool(1, 1024)
     order: list[str] = []
 
+    waiting = threading.Event()
+
+    class SeenWaiting(threading.Condition):
+        """The pool's condition, telling the test when a taker starts waiting on it."""
+
+        def wait(self, timeout: float | None = None) -> bool:
+            waiting.set()
+            return super().wait(timeout)
+
+    pool._cond = SeenWaiting()  # no taker yet: swapping the pool's condition is safe
+
     def other() -> None:
         with pool.take(100):
             order.append("other")
@@ -97,9 +128,9 @@ def test_staging_pool_waits_for_a_free_buffer_and_never_deadlocks_on_size() -> N
         assert buf.numel() == 1024
         t = threading.Thread(target=other)
         t.start()
-        time.sleep(0.05)
-        order.append("first")
-    t.join(5)
+        assert waiting.wait(30)  # the other taker is blocked on the only buffer ...
+        order.append("first")  # ... until this one is given back
+    t.join(30)
     assert order == ["first", "other"]
     with pool.take(4096) as big:  # larger than any pooled buffer: a temporary one
         assert big.numel() == 4096 and pool.oversize == 1
@@ -213,6 +244,29 @@ class BlockingStore(MemoryStore):
         return super().write_batch(keys, sizes, produce, staging)
 
 
+def returns_while_held(call: Callable[[], Any], gate: threading.Event) -> None:
+    """``call`` returns while ``gate`` (the store's answer) is still unset: the structural
+    form of "does not wait for the store" (no time bound). Run on a helper thread so that a
+    call that did wait fails the test instead of hanging it."""
+    returned = threading.Event()
+    errors: list[BaseException] = []
+
+    def go() -> None:
+        try:
+            call()
+        except BaseException as e:  # re-raised below, on the test's thread
+            errors.append(e)
+        returned.set()
+
+    th = threading.Thread(target=go)
+    th.start()
+    assert returned.wait(30), "the call waited for the store"
+    assert not gate.is_set()  # nothing released the store meanwhile
+    th.join()
+    if errors:
+        raise errors[0]
+
+
 def _worker(store: Any, **kw: Any) -> tuple[Any, Any]:
     from test_worker_side import make_worker
 
@@ -234,9 +288,7 @@ def test_wait_for_save_returns_while_the_put_is_still_running() -> None:
     store = BlockingStore()
     w, runner = _worker(store)
     runner.forward("A", TOKENS, 0, 44, TABLES)
-    t = time.perf_counter()
-    w.wait_for_save(TailproofMeta(stores=[_job(0)]))
-    assert time.perf_counter() - t < 0.5
+    returns_while_held(lambda: w.wait_for_save(TailproofMeta(stores=[_job(0)])), store.release)
     assert store.writing.wait(10)
     assert w.build_connector_worker_meta() is None  # not reported while the put runs: pins held
     store.release.set()
@@ -262,8 +314,16 @@ def test_close_reports_every_queued_job() -> None:
     w, runner = _worker(store)
     w.wait_for_save(TailproofMeta(stores=[_job(i) for i in range(4)]))
     assert store.writing.wait(10)
-    threading.Timer(0.3, store.release.set).start()
+    inc = w.metrics.c.inc
+
+    def release_at_first_abandon(name: str, n: int = 1) -> None:
+        inc(name, n)
+        if name == "jobs_abandoned":  # close gave up: only now does the store answer
+            store.release.set()
+
+    w.metrics.c.inc = release_at_first_abandon  # type: ignore[method-assign]
     w.close(timeout=0.05)  # job 0 finishes its put; jobs 1-3 are abandoned, all reported
+    assert w.wait_idle(30)  # job 0's put, released by the first abandon, has finished
     assert w.build_connector_worker_meta().completed_saves == {0: 1, 1: 1, 2: 1, 3: 1}
     assert w.metrics.c.total("jobs_abandoned") == 3
 
@@ -286,9 +346,7 @@ def test_loads_do_not_block_the_step_and_report_when_done() -> None:
     store.read_batch = slow_read  # type: ignore[method-assign]
     w2, r2 = _worker(store)
     ctab = ([7, 8, 9], [0, 0, 10])
-    t = time.perf_counter()
-    w2.start_load(TailproofMeta(loads=[load_b(ctab)]))
-    assert time.perf_counter() - t < 0.5
+    returns_while_held(lambda: w2.start_load(TailproofMeta(loads=[load_b(ctab)])), gate)
     assert w2.take_transfer_results() == (set(), set())  # not finished: the request waits
     gate.set()
     assert w2.wait_idle(10)
@@ -336,11 +394,10 @@ def test_cuda_save_is_ordered_by_the_step_event_not_a_host_wait() -> None:
     torch.cuda.synchronize()
     torch.cuda._sleep(1_000_000_000)  # ~0.5 s of GPU time ahead of the CoW copy
     runner.copy_blocks([(6, 12)])  # device-side: lands in block 12 only after the sleep
-    t = time.perf_counter()
     w.wait_for_save(TailproofMeta(stores=[save(
         0, "A", 32, TABLES, HASHES, [BoundaryPut(0, 3, 44), BoundaryPut(1, 12, 44)])]))
-    assert time.perf_counter() - t < 0.05
-    assert torch.cuda.current_stream().query() is False  # the sleep kernel is still running
+    # Returned while the kernel ahead of the CoW copy still runs: no host wait on the step.
+    assert torch.cuda.current_stream().query() is False
     assert w.wait_idle(30)
     w2, r2 = _worker(store, device="cuda")
     ctab = ([7, 8, 9], [0, 0, 10])

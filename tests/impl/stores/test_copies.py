@@ -3,12 +3,27 @@
 from __future__ import annotations
 
 import threading
-import time
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 
 from tailproof.impl.stores.copies import MIN_PARALLEL_BYTES, CopyCrew
+
+
+def shared(fn: Callable[[int], None]) -> Callable[[int], None]:
+    """``fn`` made to need a helper: a call on the calling thread (the one that wraps it, then
+    calls ``for_each``) waits until a helper has entered a call, so the batch is split between
+    at least two threads however the threads are scheduled (no sleep)."""
+    caller, helper_in = threading.get_ident(), threading.Event()
+
+    def call(i: int) -> None:
+        if threading.get_ident() == caller:
+            assert helper_in.wait(30), "no helper took an index"
+        else:
+            helper_in.set()
+        fn(i)
+    return call
 
 
 def test_every_index_runs_once_and_helpers_share_the_work() -> None:
@@ -17,11 +32,10 @@ def test_every_index_runs_once_and_helpers_share_the_work() -> None:
     lock = threading.Lock()
 
     def fn(i: int) -> None:
-        time.sleep(0.01)  # long enough that the helper takes some indices
         with lock:
             seen.append((i, threading.current_thread().name))
 
-    crew.for_each(20, fn)
+    crew.for_each(20, shared(fn))
     assert sorted(i for i, _ in seen) == list(range(20))
     assert len({name for _, name in seen}) == 2
     crew.close()
@@ -32,14 +46,19 @@ def test_nothing_runs_after_for_each_returns() -> None:
     running = [0]
     lock = threading.Lock()
 
-    def fn(i: int) -> None:
-        with lock:
-            running[0] += 1
-        time.sleep(0.002 * (i % 3))
-        with lock:
-            running[0] -= 1
-
     for _ in range(50):
+        last_started = threading.Event()
+
+        def fn(i: int, last_started: threading.Event = last_started) -> None:
+            with lock:
+                running[0] += 1
+            if i == 6:
+                last_started.set()
+            elif i == 0:  # still running when the last index is handed out
+                assert last_started.wait(30)
+            with lock:
+                running[0] -= 1
+
         crew.for_each(7, fn)
         assert running[0] == 0
     crew.close()
@@ -49,11 +68,14 @@ def test_the_first_error_is_raised_and_stops_handing_out_indices() -> None:
     crew = CopyCrew(2)
     ran: list[int] = []
 
+    raised = threading.Event()
+
     def fn(i: int) -> None:
         ran.append(i)
         if i == 1:
+            raised.set()
             raise OSError("disk on fire")
-        time.sleep(0.01)
+        assert raised.wait(30)  # every other call is in flight until the error
 
     with pytest.raises(OSError, match="disk on fire"):
         crew.for_each(50, fn)
@@ -97,9 +119,8 @@ def test_helpers_run_at_their_callers_priority() -> None:
 
     def record(kind: str) -> None:
         def fn(i: int) -> None:
-            time.sleep(0.005)
             seen[kind].add(os.getpriority(os.PRIO_PROCESS, 0))
-        crew.for_each(8, fn)
+        crew.for_each(8, shared(fn))  # a helper copies too
 
     def low() -> None:
         os.setpriority(os.PRIO_PROCESS, 0, os.getpriority(os.PRIO_PROCESS, 0) + 5)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 from storetest_helpers import wait_until
 
@@ -15,10 +14,18 @@ class Backend:
         self.health: str | None = None
         self.up = True
         self.probes = 0
+        self.probed = threading.Condition()  # notified after every probe
 
     def probe(self) -> bool:
-        self.probes += 1
+        with self.probed:
+            self.probes += 1
+            self.probed.notify_all()
         return self.up
+
+    def wait_probes(self, n: int) -> bool:
+        """Wait until ``n`` probes have run (the guard's prober thread calls ``probe``)."""
+        with self.probed:
+            return self.probed.wait_for(lambda: self.probes >= n, 30)
 
 
 def test_healthy_calls_pass_and_unhealthy_trip() -> None:
@@ -31,11 +38,11 @@ def test_healthy_calls_pass_and_unhealthy_trip() -> None:
         assert down == "master unreachable"
     assert g.down_reason == "master unreachable"
     b.health = None  # health looks fine, but the probe still fails: stay down
-    time.sleep(0.05)
+    assert b.wait_probes(b.probes + 2)  # the prober went round again after a failed probe
     with g.call() as down:
         assert down == "master unreachable"
     b.up = True
-    assert wait_until(lambda: g.down_reason is None, 2.0)
+    assert wait_until(lambda: g.down_reason is None, 30.0)
     with g.call() as down:
         assert down is None
     g.close()
@@ -47,7 +54,7 @@ def test_trip_then_recover_then_trip_again() -> None:
     for _ in range(3):
         g.trip("rpc failed")
         assert g.down_reason == "rpc failed"
-        assert wait_until(lambda: g.down_reason is None, 2.0)
+        assert wait_until(lambda: g.down_reason is None, 30.0)
     g.close()
 
 
@@ -55,23 +62,37 @@ def test_close_waits_for_in_flight_and_refuses_new_calls() -> None:
     b = Backend()
     g = CallGuard(lambda: b.health, b.probe)
     entered, release, closed = threading.Event(), threading.Event(), threading.Event()
+    order: list[str] = []
+    close_waits = threading.Event()
+
+    class SeenWaiting(threading.Condition):
+        """The guard's condition, telling the test when ``close`` starts waiting on it."""
+
+        def wait(self, timeout: float | None = None) -> bool:
+            close_waits.set()
+            return super().wait(timeout)
+
+    g._cond = SeenWaiting()  # before any call, and no prober runs here: safe to swap
 
     def slow_call() -> None:
         with g.call() as down:
             assert down is None
             entered.set()
-            release.wait(5)
+            assert release.wait(30)
+            order.append("call ends")
 
     t = threading.Thread(target=slow_call)
     t.start()
-    entered.wait(5)
-    closer = threading.Thread(target=lambda: (g.close(), closed.set()))
+    assert entered.wait(30)
+    closer = threading.Thread(target=lambda: (g.close(), order.append("close returns"),
+                                              closed.set()))
     closer.start()
-    time.sleep(0.05)
-    assert not closed.is_set()  # close waits for the in-flight call
-    release.set()
-    t.join(5)
-    closer.join(5)
+    assert close_waits.wait(30)  # close is blocked on the in-flight call ...
+    assert g.closed and not closed.is_set()  # ... having refused new calls already
+    release.set()  # only now may the in-flight call end
+    t.join(30)
+    closer.join(30)
+    assert order == ["call ends", "close returns"]  # close waited for the in-flight call
     assert closed.is_set() and g.closed
     with g.call() as down:
         assert down == CLOSED
