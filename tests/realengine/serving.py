@@ -95,11 +95,19 @@ def greedy(max_tokens: int) -> Any:
 
 def generate(llm: Any, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
     """Greedy output token ids of ``prompts`` (one ``LLM.generate`` batch)."""
+    return generate_counted(llm, prompts, max_tokens)[0]
+
+
+def generate_counted(llm: Any, prompts: list[list[int]], max_tokens: int
+                     ) -> tuple[list[list[int]], int]:
+    """Greedy output token ids of ``prompts``, and the prompt tokens vLLM reports as cached
+    (``RequestOutput.num_cached_tokens``: device prefix cache plus the connector's hits)."""
     from vllm.inputs import TokensPrompt
 
     outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], greedy(max_tokens),
                         use_tqdm=False)
-    return [list(o.outputs[0].token_ids) for o in outs]
+    return ([list(o.outputs[0].token_ids) for o in outs],
+            sum(o.num_cached_tokens or 0 for o in outs))
 
 
 # ---------------------------------------------------------------------- vllm serve
