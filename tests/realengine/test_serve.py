@@ -1,9 +1,9 @@
 """``vllm serve`` (vLLM 0.33's OpenAI server, engine core in its own process) with
 ``TailproofConnector`` on the memory store, over HTTP on 127.0.0.1: completions of token-id
-prompts equal the in-process ground truth (an engine with prefix caching off, so its chunk
-boundaries differ), before and after ``/reset_prefix_cache`` (then served from the store), also
-when the reset preempts a running request; ``/metrics`` carries the connector's series and
-``tailproof stats`` reads them.
+prompts equal the session's ground truth (``conftest.truth``: an engine with prefix caching
+off, so its chunk boundaries differ), before and after ``/reset_prefix_cache`` (then served
+from the store), also when the reset preempts a running request; ``/metrics`` carries the
+connector's series and ``tailproof stats`` reads them.
 """
 
 from __future__ import annotations
@@ -14,44 +14,46 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from serving import Server, generate, in_process_llm, kv_transfer_config, prompt
+from serving import Server, kv_transfer_config
+
+from tailproof.conformance.realengine.oracle import MAX_TOKENS
 
 pytestmark = [pytest.mark.realengine, pytest.mark.slow, pytest.mark.vllm]
 
-MAX_TOKENS = 16
-PROMPTS = [prompt(s, n) for s, n in ((11, 140), (12, 300), (13, 410))]
+SUBSET = (0, 4, 7, 11)  # shared-prefix prompts of 16+ to 515+ tokens (conftest.prompts)
+LONG = 10  # the prompt the reset-while-running test decodes (400+ tokens, 80 decoded)
+
+
+@dataclass
+class Served:
+    srv: Server
+    prompts: list[list[int]]
+    truth: list[list[int]]
+
+    def case(self) -> tuple[list[list[int]], list[list[int]]]:
+        return [self.prompts[i] for i in SUBSET], [self.truth[i] for i in SUBSET]
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def served(tmp_path_factory: pytest.TempPathFactory, prompts: list[list[int]],
+           request: pytest.FixtureRequest) -> Iterator[Served]:
+    """The server and the session's ground truth: the server starts first, the truth engine
+    (prefix caching off) runs while it loads unless the session already computed it."""
     from tailproof.conformance.realengine.model import write_model_dir
 
-    return write_model_dir(tmp_path_factory.mktemp("model"), seed=0)
-
-
-@pytest.fixture(scope="module")
-def served(model_dir: Path, tmp_path_factory: pytest.TempPathFactory
-           ) -> Iterator[tuple[Server, list[list[int]]]]:
-    """(the server, the ground truth of ``PROMPTS`` and of the long prompt): the server starts
-    first, the in-process truth is computed while it loads."""
+    model_dir = write_model_dir(tmp_path_factory.mktemp("model"), seed=0)
     kt = kv_transfer_config({"store": "memory", "namespace": "rt-serve"})
     srv = Server(model_dir, kt, tmp_path_factory.mktemp("serve") / "serve.log")
     try:
-        with in_process_llm(model_dir, None, enable_prefix_caching=False) as llm:
-            truth = generate(llm, PROMPTS, MAX_TOKENS)
-            truth.append(generate(llm, [LONG], LONG_TOKENS)[0])
+        truth = [list(t) for t in request.getfixturevalue("truth")]
         srv.wait_ready()
-        yield srv, truth
+        yield Served(srv, prompts, truth)
     finally:
         srv.stop()
-
-
-LONG = prompt(14, 600)
-LONG_TOKENS = 160
 
 
 def _metric(text: str, name: str) -> float:
@@ -64,12 +66,13 @@ def _metric(text: str, name: str) -> float:
 
 
 def test_completions_equal_the_ground_truth_cold_and_from_the_store(
-        served: tuple[Server, list[list[int]]]) -> None:
-    srv, truth = served
-    assert srv.complete(PROMPTS, MAX_TOKENS) == truth[:3]  # cold
+        served: Served) -> None:
+    srv = served.srv
+    prompts, want = served.case()
+    assert srv.complete(prompts, MAX_TOKENS) == want  # cold
     srv.post("/reset_prefix_cache")  # urlopen raises unless 2xx
     before = _gets(srv)
-    assert srv.complete(PROMPTS, MAX_TOKENS) == truth[:3]  # store hits
+    assert srv.complete(prompts, MAX_TOKENS) == want  # store hits
     assert _gets(srv) > before
 
 
@@ -80,8 +83,8 @@ def _gets(srv: Server) -> int:
     return int(summary(parse(srv.get_text("/metrics")))["gets"]["keys"])
 
 
-def test_metrics_and_tailproof_stats(served: tuple[Server, list[list[int]]]) -> None:
-    srv, _ = served
+def test_metrics_and_tailproof_stats(served: Served) -> None:
+    srv = served.srv
     text = srv.get_text("/metrics")
     assert "vllm:tailproof_" in text
     res = subprocess.run([sys.executable, "-m", "tailproof.conformance.cli", "stats", srv.url,
@@ -93,16 +96,15 @@ def test_metrics_and_tailproof_stats(served: tuple[Server, list[list[int]]]) -> 
     assert stats["gets"]["keys"] > 0 and stats["puts"]["keys"] > 0
 
 
-def test_reset_with_a_running_request_over_http(served: tuple[Server, list[list[int]]]
-                                               ) -> None:
+def test_reset_with_a_running_request_over_http(served: Served) -> None:
     """``/reset_prefix_cache?reset_running_requests=true`` while a completion decodes after a
     store hit: it finishes, with the ground truth's tokens."""
-    srv, truth = served
-    assert srv.complete([LONG], 1)  # stored
+    srv, long = served.srv, served.prompts[LONG]
+    assert srv.complete([long], 1)  # stored
     srv.post("/reset_prefix_cache")
     readmitted0 = _event(srv, "readmitted_after_preemption")
     out: list[Any] = []
-    t = threading.Thread(target=lambda: out.append(srv.complete([LONG], LONG_TOKENS)))
+    t = threading.Thread(target=lambda: out.append(srv.complete([long], MAX_TOKENS)))
     t.start()
     # Until the request decodes: its generated tokens show in /metrics.
     gen0 = _metric(srv.get_text("/metrics"), "vllm:generation_tokens_total")
@@ -118,7 +120,7 @@ def test_reset_with_a_running_request_over_http(served: tuple[Server, list[list[
     srv.post("/reset_prefix_cache?reset_running_requests=true")
     t.join(300)
     assert not t.is_alive(), "the completion never returned"
-    assert out == [[truth[3]]]
+    assert out == [[served.truth[LONG]]]
     assert _event(srv, "readmitted_after_preemption") == readmitted0 + 1  # with its load
 
 
