@@ -157,8 +157,28 @@ def _serve(conn: Any, spec: dict[str, Any], model_dir: str) -> None:
             conn.send(("ok", _dispatch(llm, op, payload)))
         except BaseException:  # noqa: BLE001
             conn.send(("error", traceback.format_exc()))
-    del llm
-    conn.send(("ok", None))
+    # Shut the engine down (its core process and workers, if any), answer, and exit without
+    # the interpreter's slow teardown.
+    shutdown = getattr(getattr(llm.llm_engine, "engine_core", None), "shutdown", None)
+    try:
+        if shutdown is not None:
+            shutdown()
+    finally:
+        conn.send(("ok", None))
+        conn.close()
+        os._exit(0)
+
+
+def engine_metrics(llm: Any) -> dict[str, float]:
+    """vLLM's own counters and gauges (``LLM.get_metrics``), summed over label sets; for
+    ``Bed.call`` (e.g. ``vllm:num_preemptions``, ``vllm:external_prefix_cache_hits``)."""
+    from vllm.v1.metrics.reader import Counter, Gauge
+
+    out: dict[str, float] = {}
+    for m in llm.get_metrics():
+        if isinstance(m, (Counter, Gauge)):
+            out[m.name] = out.get(m.name, 0.0) + float(m.value)
+    return out
 
 
 def _dispatch(llm: Any, op: str, payload: Any) -> Any:
@@ -319,14 +339,20 @@ def registered_kv_caches(worker: Any) -> dict[str, dict[str, Any]]:
     return out
 
 
-def perturb_device_cache(worker: Any, layer: str, part: int = 0, delta: float = 0.05) -> int:
-    """Add ``delta`` to one value of every block of one layer's device cache (attention: K of
-    head 0, slot 0, channel 0; Mamba: element 0 of state ``part``); returns the blocks touched.
-    Prefix-cache entries keep pointing at the blocks, so a later hit reads the changed value."""
+def perturb_device_cache(worker: Any, layer: str, part: int = 0) -> int:
+    """Flip the sign bit of the largest-magnitude value in every block of one layer's device
+    cache (attention: its K/V view; Mamba: state ``part``, 0 conv, 1 SSM): a one-bit error per
+    block. Prefix-cache entries keep pointing at the blocks, so a later hit reads it. Returns
+    the number of blocks changed."""
+    import torch
+
     cache = _layer_caches(worker)[layer]
     t = cache[part] if isinstance(cache, (tuple, list)) else cache
-    t[(slice(None),) + (0,) * (t.dim() - 1)] += delta
-    return int(t.shape[0])
+    flat = t.abs().reshape(t.shape[0], -1)  # a copy where the view is strided: read only
+    idx = torch.unravel_index(flat.argmax(dim=1), tuple(t.shape[1:]))
+    blocks = torch.arange(t.shape[0])
+    t[(blocks, *idx)] = -t[(blocks, *idx)]
+    return int((flat.amax(dim=1) > 0).sum())
 
 
 def zero_device_cache(worker: Any) -> int:
