@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -103,17 +104,18 @@ def layer_names() -> tuple[list[str], list[str]]:
 
 
 def make_kv(num_blocks: int) -> dict[str, Any]:
-    """The KV tensors (vLLM layouts: FlashAttention ``(2, blocks * 16, 16, heads, dim)``,
-    Mamba ``[conv, ssm]`` with the block dimension first)."""
+    """The KV tensors in vLLM 0.33's registration layout (``allocate_kv_cache``): attention a
+    4D ``[blocks * r, heads, 16, 2 * dim]`` view (K/V fused, r kernel blocks per block), Mamba
+    an int8 ``[blocks, 1, 1, state bytes]`` page view."""
     fa, mamba = layer_names()
     kv: dict[str, Any] = {}
     ratio = FA_BLOCK // KERNEL_BLOCK
     for n in fa:
-        kv[n] = torch.zeros(2, num_blocks * ratio, KERNEL_BLOCK, KV_HEADS, HEAD_DIM,
+        kv[n] = torch.zeros(num_blocks * ratio, KV_HEADS, KERNEL_BLOCK, 2 * HEAD_DIM,
                             dtype=torch.bfloat16)
+    state_bytes = 2 * (math.prod(CONV_SHAPE) + math.prod(SSM_SHAPE))  # bf16
     for n in mamba:
-        kv[n] = [torch.zeros(num_blocks, *CONV_SHAPE, dtype=torch.bfloat16),
-                 torch.zeros(num_blocks, *SSM_SHAPE, dtype=torch.bfloat16)]
+        kv[n] = torch.zeros(num_blocks, 1, 1, state_bytes, dtype=torch.int8)
     return kv
 
 
@@ -225,11 +227,10 @@ class BenchEngine:
             for idx in range(start // FA_BLOCK, (end - 1) // FA_BLOCK + 1):
                 b = fa_ids[idx]
                 for name in fa:
-                    self.kv[name][:, b * ratio:(b + 1) * ratio].fill_(end % 251)
+                    self.kv[name][b * ratio:(b + 1) * ratio].fill_(end % 251)
             mb = m_ids[(end - 1) // MAMBA_BLOCK]
             for name in mamba:
-                for t in self.kv[name]:
-                    t[mb].fill_(end % 253)
+                self.kv[name][mb].fill_(end % 253 - 126)
 
     def step(self) -> None:
         from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
@@ -239,9 +240,8 @@ class BenchEngine:
         t1 = time.perf_counter()
         for c in so.kv_cache_block_copies or ():  # the step's CoW copies (Mamba hand-offs)
             for name, t in self.kv.items():
-                for x in (t if isinstance(t, list) else [t]):
-                    if name.startswith("mamba"):
-                        x[c.dst_block_id].copy_(x[c.src_block_id])
+                if name.startswith("mamba"):
+                    t[c.dst_block_id].copy_(t[c.src_block_id])
         kvo = None
         if self.wc is not None:
             self.wc.bind_connector_metadata(so.kv_connector_metadata)

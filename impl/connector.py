@@ -286,7 +286,8 @@ class TailproofConnector(KVConnectorBase_V1, SupportsHMA):
         worker = self._worker()
         worker.register_kv_caches(kv_caches, [g.layer_names for g in groups])
         assert worker.layout is not None
-        problems = check_tensors(worker.layout.layer_bytes, worker.layout.layer_itemsizes,
+        problems = check_tensors(worker.layout.layer_bytes, worker.layout.layer_page_shapes,
+                                 worker.layout.layer_itemsizes,
                                  [(g.layer_names, g.kv_cache_spec) for g in groups])
         if problems:
             worker.close()

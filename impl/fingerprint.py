@@ -13,7 +13,11 @@ another stage -- the load "succeeds" with foreign values in the KV cache. The fi
 * parallelism: tensor, pipeline and decode-context parallel sizes and the pipeline layer
   partition (``VLLM_PP_LAYER_PARTITION``); the rank of a shard is in the key itself;
 * the prefix hash: ``prefix_caching_hash_algo`` and the hash seed (``PYTHONHASHSEED``);
-* the block geometry: group block sizes, Mamba flags, h, the lcm, hit alignment, EAGLE.
+* the block geometry: group block sizes, Mamba flags, h, the lcm, hit alignment, EAGLE;
+* the value's payload format (:data:`PAYLOAD_FORMAT`): each layer's logical ``[H, N, C]``
+  page. The kernel-block split, the physical stride order (``KVCacheLayout``) and the page
+  padding are deliberately *not* covered: the payload does not depend on them
+  (``impl/kv_layout.py``), so engines that differ only there share values safely.
 
 Both connector roles derive it from vLLM's config the same way (the scheduler has no tensors);
 the worker then checks its registered tensors against the same specs (:func:`check_tensors`),
@@ -95,6 +99,20 @@ def model_identity(model_config: Any) -> dict[str, Any]:
     }
 
 
+#: The value layout (impl/kv_layout.py): per layer, the block's logical [H, N, C] page, kernel
+#: blocks merged along N, padding excluded -- independent of kernel-block split and strides.
+PAYLOAD_FORMAT = "layer-pages-HNC/1"
+
+
+def spec_parts(spec: Any) -> Any:
+    """A group's spec as the fingerprint sees it: every field but ``page_size_padded`` (padding
+    is never stored, so engines that pad differently hold interchangeable values)."""
+    canon = _canon(resolve_spec(spec))
+    if isinstance(canon, dict):
+        canon.pop("page_size_padded", None)
+    return canon
+
+
 def layout_parts(vllm_config: Any, kv_cache_config: Any, geo: Any) -> dict[str, Any]:
     """Everything :class:`Fingerprint` covers, from vLLM's config alone (both roles)."""
     cache = vllm_config.cache_config
@@ -106,7 +124,7 @@ def layout_parts(vllm_config: Any, kv_cache_config: Any, geo: Any) -> dict[str, 
         # With pipeline parallelism each stage holds other layers (the scheduler sees stage 0's
         # names); the stage's layers then follow from the model, pp size and partition.
         names = sorted(g.layer_names) if pp == 1 else None
-        groups.append({"spec": resolve_spec(g.kv_cache_spec), "layers": names})
+        groups.append({"spec": spec_parts(g.kv_cache_spec), "layers": names})
     return {
         "model": model_identity(vllm_config.model_config),
         "kv_cache_dtype": getattr(cache, "cache_dtype", None),
@@ -120,6 +138,7 @@ def layout_parts(vllm_config: Any, kv_cache_config: Any, geo: Any) -> dict[str, 
         "hash_algo": getattr(cache, "prefix_caching_hash_algo", None),
         "hash_seed": os.environ.get("PYTHONHASHSEED"),
         "geometry": geometry_parts(geo),
+        "payload": PAYLOAD_FORMAT,
     }
 
 
@@ -162,23 +181,38 @@ def spec_dtypes(spec: Any) -> tuple[Any, ...]:
     return (dt,) if dt is not None else ()
 
 
+def expected_page_shape(spec: Any) -> tuple[int, int, int] | None:
+    """``(H, N, C bytes)`` of one block of one layer's logical page, as vLLM 0.33's
+    ``compute_layer_kv_cache_shape_bytes`` derives it (None: the spec has no page view)."""
+    spec = resolve_spec(spec)
+    try:
+        return (spec.num_heads, spec.num_states, spec.state_content_size_bytes)
+    except (AttributeError, NotImplementedError, TypeError):
+        return None
+
+
 def _itemsize(dtype: Any) -> int | None:
     return getattr(dtype, "itemsize", None)
 
 
-def check_tensors(layer_bytes: Mapping[str, int], layer_itemsizes: Mapping[str, Sequence[int]],
+def check_tensors(layer_bytes: Mapping[str, int],
+                  layer_page_shapes: Mapping[str, tuple[int, ...] | None],
+                  layer_itemsizes: Mapping[str, Sequence[int]],
                   groups: Sequence[tuple[Sequence[str], Any]]) -> list[str]:
     """Problems where the registered KV tensors disagree with the specs the fingerprint covers.
 
-    ``layer_bytes[name]``: bytes of one block of that layer as registered (all its tensors);
-    ``layer_itemsizes[name]``: their element sizes; ``groups``: (layer names, spec) per stored
-    group. Element sizes, not dtypes, are compared: backends may view a KV tensor under another
-    dtype of the same width (the dtype itself is in the fingerprint). Layers this rank does not
-    hold (pipeline parallelism) are skipped.
+    ``layer_bytes[name]``: bytes of one block of that layer as registered (all its tensors,
+    padding excluded); ``layer_page_shapes[name]``: the ``(H, N, C bytes)`` of its 4D page view
+    (None: not one); ``layer_itemsizes[name]``: the element sizes it was registered with;
+    ``groups``: (layer names, spec) per stored group. A typed view's element size must be one of
+    the spec's dtypes; a 1-byte view is vLLM's raw page (Mamba layers are registered as ``int8``
+    page views, ``MambaBase.bind_kv_cache``) and is checked by its shape alone. Layers this rank
+    does not hold (pipeline parallelism) are skipped.
     """
     problems: list[str] = []
     for names, spec in groups:
         want_bytes = expected_layer_bytes(spec)
+        want_shape = expected_page_shape(spec)
         want_sizes = {s for s in map(_itemsize, spec_dtypes(spec)) if s is not None}
         kind = type(resolve_spec(spec)).__name__
         for name in names:
@@ -188,7 +222,11 @@ def check_tensors(layer_bytes: Mapping[str, int], layer_itemsizes: Mapping[str, 
             if want_bytes is not None and got != want_bytes:
                 problems.append(f"KV cache layer {name!r}: one block holds {got} bytes but its "
                                 f"{kind} says {want_bytes}")
-            sizes = set(layer_itemsizes.get(name, ()))
+            shape = layer_page_shapes.get(name)
+            if want_shape is not None and shape is not None and tuple(shape) != want_shape:
+                problems.append(f"KV cache layer {name!r}: page [H, N, C bytes] {list(shape)} "
+                                f"but its {kind} says {list(want_shape)}")
+            sizes = {s for s in layer_itemsizes.get(name, ()) if s > 1}
             if want_sizes and sizes and not sizes <= want_sizes:
                 problems.append(f"KV cache layer {name!r}: element sizes {sorted(sizes)} but its "
                                 f"{kind} dtypes have {sorted(want_sizes)}")

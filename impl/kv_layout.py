@@ -4,26 +4,33 @@ Semantics: none in the reference (it models keys, not bytes; the ``impl`` adapte
 bytes). Mirrors vLLM 0.33's ``ChunkedTokenDatabase`` / ``RankLocalStoreLayout``
 (``register_kv_caches``, ``prepare_value_for_block``).
 
-Why: a store value is "every byte of one block of one group on this rank": the concatenation,
-over the group's layers and each layer's tensors (K/V, or a Mamba layer's conv and SSM states),
-of that block's slice. vLLM hands the connector ``{layer_name: tensor or [tensors]}`` in layouts
-that differ per attention backend -- the block dimension is 0 (``(num_blocks, 2, ...)``, Mamba)
-or 1 (``(2, num_blocks, ...)``, FlashAttention) and an attention block may be split into several
-kernel blocks (``num_blocks * r`` rows). :class:`KVLayout` finds that dimension once, at
-registration, and then copies blocks in two ways:
+What vLLM 0.33 registers (``gpu_model_runner.initialize_kv_cache`` -> ``allocate_kv_cache`` in
+``v1/worker/utils.py`` -> ``kv_cache_interface.create_kv_cache_views``): one raw ``int8``
+buffer, viewed per layer as a 4D logical ``[B * r, H, N, C]`` page view with the layout's
+strides (``KVCacheLayout``: LBHNC, LBNHC, BLHNC, ...). Attention views are typed (``C`` = K and
+V fused, ``(head_size + head_size_v)`` elements); Mamba views stay ``int8`` (``C`` = the layer's
+packed conv/SSM state bytes, ``H = N = 1``). Pages are padded to one size across groups
+(``page_size_padded``); the padding lies outside the view. An attention block may be split
+into ``r`` kernel blocks (``prepare_kernel_block_sizes``): rows ``b*r .. b*r+r-1``.
 
-* one block at a time, straight between the KV tensors and a store value (:meth:`read_block`
-  / :meth:`write_block`: one pass over the bytes, a single-threaded ``numpy.copyto`` per tensor
-  on CPU, which releases the GIL; an asynchronous copy on the caller's CUDA stream on a GPU) --
-  the connector's data path;
-* many blocks at once with ``index_select``/``index_copy_`` (:meth:`gather` / :meth:`scatter`),
-  kept for tests and tools.
+The canonical value: a store value is "every byte of one block of one group on this rank":
+the concatenation over the group's layers of that block's page in *logical* ``[H, N, C]``
+order, the ``r`` kernel blocks merged along ``N``. So the value depends on neither the
+kernel-block split nor the physical stride order nor the page padding -- two engines that
+differ only there store interchangeable bytes (docs/store-format.md). Other ranks (a legacy
+list of per-state tensors) are a block-major ``(num_blocks, ...)`` tensor each, row-major.
+
+Copies: one block at a time between the KV tensors and a store value (:meth:`read_block` /
+:meth:`write_block`: one strided ``numpy.copyto`` per tensor on CPU, which releases the GIL; an
+asynchronous copy on the caller's CUDA stream on a GPU) -- the connector's data path; many
+blocks at once with index ops (:meth:`gather` / :meth:`scatter`), for tests and tools.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from math import prod
 
 import numpy as np
 import torch
@@ -31,44 +38,53 @@ import torch
 
 @dataclass(frozen=True)
 class Segment:
-    """One tensor of one layer: its block dimension and rows per logical block."""
+    """One registered tensor of one layer, as a block-major canonical byte view."""
 
-    tensor: torch.Tensor
-    dim: int
-    ratio: int  # kernel blocks per logical block
+    layer: str
+    tensor: torch.Tensor  # as vLLM registered it
+    blocks: torch.Tensor  # uint8 view, ``[b]`` = block b's bytes in canonical order (no copy)
 
     @property
     def block_nbytes(self) -> int:
-        t = self.tensor
-        return t.numel() // t.shape[self.dim] * self.ratio * t.element_size()
+        return prod(self.blocks.shape[1:])
 
-    def by_block(self, num_blocks: int) -> torch.Tensor:
-        """A uint8 view indexed by logical block first: ``[b]`` is block b's bytes in value
-        order (``(ratio, ...)`` with the block dimension moved first), no copy."""
-        t = self.tensor.view(torch.uint8) if self.tensor.dtype != torch.uint8 else self.tensor
-        if self.dim:
-            t = t.movedim(self.dim, 0)
-        return t.view((num_blocks, self.ratio, *t.shape[1:]))
+    @property
+    def page_shape(self) -> tuple[int, ...] | None:
+        """``(H, N, C bytes)`` of one block of a 4D page view (None: not a page view)."""
+        if self.tensor.dim() != 4:
+            return None
+        h, r, n, c = self.blocks.shape[1:]
+        return (h, r * n, c)
 
 
-def find_block_dim(t: torch.Tensor, num_blocks: int) -> tuple[int, int]:
-    """(dim, ratio) such that ``t.shape[dim] == num_blocks * ratio``.
+def block_view(t: torch.Tensor, num_blocks: int) -> torch.Tensor:
+    """The uint8 view of ``t`` indexed by manager block first, each block in canonical order.
 
-    ``(2, num_blocks * r, ...)`` (K/V first, FlashAttention) -> dim 1; otherwise dim 0
-    (``(num_blocks * r, ...)``: most attention backends and every Mamba state tensor).
+    4D page view ``[B*r, H, N, C]``: ``(num_blocks, H, r, N, C bytes)`` (kernel blocks merged
+    along ``N``, ``kv_cache_interface.group_kernel_blocks``); any other tensor: ``(num_blocks,
+    ...)`` with ``r = 1``. Raises ``ValueError`` naming the shape when ``t`` has no block axis.
     """
-    ok = [
-        d for d in (0, 1)
-        if d < t.dim() and t.shape[d] >= num_blocks and t.shape[d] % num_blocks == 0
-    ]
-    if 1 in ok and t.shape[0] == 2 and num_blocks > 2:
-        return 1, t.shape[1] // num_blocks
-    if ok:
-        return ok[0], t.shape[ok[0]] // num_blocks
-    raise ValueError(
-        f"KV cache tensor of shape {tuple(t.shape)} has no block dimension for "
-        f"{num_blocks} blocks"
-    )
+    rows = t.shape[0] if t.dim() else 0
+    if rows < num_blocks or rows % num_blocks:
+        raise ValueError(f"KV cache tensor of shape {tuple(t.shape)} has no block dimension "
+                         f"for {num_blocks} blocks (dim 0 must be a multiple of it)")
+    r = rows // num_blocks
+    if t.dim() != 4 and r != 1:
+        raise ValueError(f"KV cache tensor of shape {tuple(t.shape)}: {r} rows per block, but "
+                         "kernel-block splits exist only for 4D [B, H, N, C] page views")
+    if t.dtype != torch.uint8:
+        if t.stride(-1) != 1:
+            raise ValueError(f"KV cache tensor of shape {tuple(t.shape)} and strides "
+                             f"{t.stride()}: its last axis (C) is not contiguous")
+        t = t.view(torch.uint8)
+    if t.dim() != 4:
+        return t
+    return t.unflatten(0, (num_blocks, r)).permute(0, 2, 1, 3, 4)
+
+
+def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
+            and a.dtype == b.dtype)
 
 
 class KVLayout:
@@ -80,9 +96,13 @@ class KVLayout:
     ):
         self.num_blocks = num_blocks
         self.groups: list[list[Segment]] = []
-        # Per layer: bytes of one block and element sizes (checked against vLLM's specs).
+        # Per layer: bytes of one block, and its (H, N, C) page shape (checked against specs).
         self.layer_bytes: dict[str, int] = {}
+        self.layer_page_shapes: dict[str, tuple[int, ...] | None] = {}
         self.layer_itemsizes: dict[str, list[int]] = {}
+        # Layers whose registered view is another layer's (cross-layer KV sharing,
+        # ``initialize_kv_cache_tensors``): their bytes are stored once, under the target.
+        self.aliases: dict[str, str] = {}
         for names in layer_groups:
             segs: list[Segment] = []
             for name in names:
@@ -90,19 +110,25 @@ class KVLayout:
                     continue  # a layer this rank does not hold (pipeline parallelism)
                 val = kv_caches[name]
                 tensors = [val] if isinstance(val, torch.Tensor) else list(val)
+                target = next((s.layer for s in segs if len(tensors) == 1
+                               and _same_view(s.tensor, tensors[0])), None)
+                if target is not None:
+                    self.aliases[name] = target
+                    continue
                 for t in tensors:
-                    dim, ratio = find_block_dim(t, num_blocks)
-                    seg = Segment(t, dim, ratio)
+                    seg = Segment(name, t, block_view(t, num_blocks))
                     segs.append(seg)
                     self.layer_bytes[name] = self.layer_bytes.get(name, 0) + seg.block_nbytes
                     self.layer_itemsizes.setdefault(name, []).append(t.element_size())
+                self.layer_page_shapes[name] = (segs[-1].page_shape if len(tensors) == 1
+                                                else None)
             self.groups.append(segs)
         self.block_nbytes = [sum(s.block_nbytes for s in segs) for segs in self.groups]
         devs = {s.tensor.device for segs in self.groups for s in segs}
         self.device = next(iter(devs)) if devs else torch.device("cpu")
-        # Per group, per tensor: the block-major view (numpy on CPU: no torch op per copy).
-        self._blocks: list[list[torch.Tensor]] = [
-            [s.by_block(num_blocks) for s in segs] for segs in self.groups]
+        self._blocks: list[list[torch.Tensor]] = [[s.blocks for s in segs]
+                                                  for segs in self.groups]
+        # CPU: numpy views (strided, no copy), so a block copy is one copyto per tensor.
         self._np_blocks: list[list[np.ndarray]] | None = None
         if self.device.type == "cpu":
             self._np_blocks = [[b.numpy() for b in bs] for bs in self._blocks]
@@ -159,21 +185,13 @@ class KVLayout:
                 t[dst].copy_(t[src], non_blocking=True)
         return self.block_nbytes[group]
 
-    @staticmethod
-    def _rows(seg: Segment, block_ids: Sequence[int], device: torch.device) -> torch.Tensor:
-        ids = torch.as_tensor(list(block_ids), dtype=torch.long)
-        if seg.ratio > 1:
-            ids = (ids[:, None] * seg.ratio + torch.arange(seg.ratio)[None, :]).reshape(-1)
-        return ids.to(device)
-
     def gather(self, group: int, block_ids: Sequence[int]) -> torch.Tensor:
         """``(n, block_nbytes)`` uint8 tensor (on the KV device) of the given blocks."""
         n = len(block_ids)
         parts = []
-        for seg in self.groups[group]:
-            rows = self._rows(seg, block_ids, seg.tensor.device)
-            sel = seg.tensor.index_select(seg.dim, rows).movedim(seg.dim, 0).contiguous()
-            parts.append(sel.view(torch.uint8).reshape(n, -1))
+        for b in self._blocks[group]:
+            ids = torch.as_tensor(list(block_ids), dtype=torch.long, device=b.device)
+            parts.append(b.index_select(0, ids).reshape(n, -1))
         if not parts:
             return torch.empty((n, 0), dtype=torch.uint8)
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
@@ -183,14 +201,9 @@ class KVLayout:
         n = len(block_ids)
         data = data.reshape(n, -1)
         off = 0
-        for seg in self.groups[group]:
-            t = seg.tensor
-            width = seg.block_nbytes
-            part = torch.empty((n, width), dtype=torch.uint8, device=t.device)
-            part.copy_(data[:, off : off + width])  # fresh, aligned storage for the dtype view
+        for b in self._blocks[group]:
+            width = prod(b.shape[1:])
+            part = data[:, off : off + width].to(b.device).reshape(n, *b.shape[1:])
             off += width
-            shape = list(t.shape)
-            shape[seg.dim] = n * seg.ratio
-            moved = [shape[seg.dim]] + shape[: seg.dim] + shape[seg.dim + 1 :]
-            src = part.view(t.dtype).reshape(moved).movedim(0, seg.dim)
-            t.index_copy_(seg.dim, self._rows(seg, block_ids, t.device), src)
+            b.index_copy_(0, torch.as_tensor(list(block_ids), dtype=torch.long,
+                                             device=b.device), part)

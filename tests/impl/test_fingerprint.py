@@ -172,9 +172,38 @@ def test_worker_rejects_tensors_that_disagree_with_the_config() -> None:
     fa, mamba = kvc.kv_cache_groups[0].layer_names, kvc.kv_cache_groups[1].layer_names
     good_bytes = {fa[0]: 2 * 16 * 4 * 4, fa[1]: 2 * 16 * 4 * 4,
                   mamba[0]: (3 + 5) * 4, mamba[1]: (3 + 5) * 4}
-    sizes = {n: [4] for n in good_bytes}
-    assert check_tensors(good_bytes, sizes, groups) == []
-    bad = check_tensors({**good_bytes, fa[1]: 2 * 16 * 4 * 2}, {**sizes, fa[1]: [2]}, groups)
-    assert len(bad) == 2 and all(repr(fa[1]) in p for p in bad)
+    shapes = {fa[0]: (1, 16, 32), fa[1]: (1, 16, 32), mamba[0]: (1, 1, 32), mamba[1]: (1, 1, 32)}
+    # vLLM 0.33 registers Mamba layers as int8 page views: element size 1 is its raw page.
+    sizes = {fa[0]: [4], fa[1]: [4], mamba[0]: [1], mamba[1]: [1]}
+    assert check_tensors(good_bytes, shapes, sizes, groups) == []
+    bad = check_tensors({**good_bytes, fa[1]: 2 * 16 * 4 * 2}, {**shapes, fa[1]: (1, 16, 16)},
+                        {**sizes, fa[1]: [2]}, groups)
+    assert len(bad) == 3 and all(repr(fa[1]) in p for p in bad)
+    # Same bytes, another page shape (2 heads of half the content): refused by shape.
+    bad = check_tensors(good_bytes, {**shapes, fa[0]: (2, 16, 16)}, sizes, groups)
+    assert len(bad) == 1 and "[2, 16, 16]" in bad[0]
     # A layer this rank does not hold (pipeline parallelism) is not a problem.
-    assert check_tensors({fa[0]: good_bytes[fa[0]]}, sizes, groups) == []
+    assert check_tensors({fa[0]: good_bytes[fa[0]]}, shapes, sizes, groups) == []
+
+
+def test_the_real_registration_passes_the_check() -> None:
+    """The tensors vLLM 0.33's own allocation builds (padded int8 Mamba pages, typed fused
+    K/V views, two layers per group) pass the check, and the bytes per block are exactly the
+    unpadded state / KV bytes (padding is never stored)."""
+    from tailproof.impl.kv_layout import KVLayout
+
+    runner = SimRunner([GroupShape("full_attention", 16, 2), GroupShape("mamba", 16, 2)], NB)
+    specs = [(g.layer_names, g.kv_cache_spec) for g in runner.specs]
+    assert runner.specs[1].kv_cache_spec.page_size_padded == 2 * 16 * 4 * 4  # padded page
+    lay = KVLayout(runner.kv, runner.layer_names, NB)
+    assert check_tensors(lay.layer_bytes, lay.layer_page_shapes, lay.layer_itemsizes,
+                         specs) == []
+    assert lay.block_nbytes == [2 * (2 * 16 * 4 * 4), 2 * (3 + 5) * 4]
+
+
+def test_padding_and_kernel_split_are_not_in_the_fingerprint() -> None:
+    from tailproof.impl.fingerprint import spec_parts
+
+    _, kvc, _ = _base()
+    spec = kvc.kv_cache_groups[1].kv_cache_spec
+    assert spec_parts(spec) == spec_parts(replace(spec, page_size_padded=4096))

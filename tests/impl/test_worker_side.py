@@ -6,9 +6,9 @@ import pytest
 import torch
 from worker_geometry import GEO, HASHES, NB, SHAPES, TOKENS
 
-from tailproof.conformance.adapters.runner_sim import SimRunner
+from tailproof.conformance.adapters.runner_sim import GroupShape, SimRunner
 from tailproof.impl.config import Settings
-from tailproof.impl.kv_layout import KVLayout, find_block_dim
+from tailproof.impl.kv_layout import KVLayout, block_view
 from tailproof.impl.meta import (
     BoundaryPut,
     LoadJob,
@@ -33,27 +33,64 @@ def make_worker(store: MemoryStore, rank: int = 0, world: int = 1, device: str =
     return w, runner
 
 
-def test_find_block_dim_layouts() -> None:
-    assert find_block_dim(torch.zeros(2, 32, 16, 1, 4), 32) == (1, 1)  # FlashAttention
-    assert find_block_dim(torch.zeros(32, 2, 16, 1, 4), 32) == (0, 1)  # (blocks, K/V, ...)
-    assert find_block_dim(torch.zeros(32, 7), 32) == (0, 1)  # Mamba state
-    assert find_block_dim(torch.zeros(2, 64, 8, 1, 4), 32) == (1, 2)  # 2 kernel blocks each
-    with pytest.raises(ValueError):
-        find_block_dim(torch.zeros(3, 5), 32)
+def test_block_view_of_vllm_page_views() -> None:
+    """vLLM 0.33 registers 4D [B*r, H, N, C] page views (kernel blocks merged along N) and raw
+    int8 Mamba pages; anything without a block axis is refused with its shape named."""
+    att = torch.zeros(64, 2, 8, 6)  # 32 blocks, 2 kernel blocks each
+    assert tuple(block_view(att, 32).shape) == (32, 2, 2, 8, 24)
+    assert tuple(block_view(torch.zeros(32, 1, 1, 40, dtype=torch.int8), 32).shape) == (
+        32, 1, 1, 1, 40)
+    assert tuple(block_view(torch.zeros(32, 7), 32).shape) == (32, 28)  # a legacy state tensor
+    with pytest.raises(ValueError, match=r"\(3, 5\)"):
+        block_view(torch.zeros(3, 5), 32)
+    with pytest.raises(ValueError, match="kernel-block"):
+        block_view(torch.zeros(64, 7), 32)
+
+
+def test_value_does_not_depend_on_kernel_split_or_stride_order() -> None:
+    """Issue 20 item 1: the same KV under kernel split 1 / 4 and layouts LBNHC / LBHNC gives
+    one canonical value per block (so differing engines share safely), and a value written
+    into one layout reads back identically from the others."""
+    shapes = [GroupShape("full_attention", 64), GroupShape("mamba", 64)]
+    runners = [SimRunner(shapes, 16, layout=lay, kernel_split=r)
+               for lay, r in (("LBNHC", 1), ("LBNHC", 4), ("LBHNC", 2), ("BLHNC", 1))]
+    assert {tuple(x.kv["g0.l0"].shape) for x in runners} == {(16, 1, 64, 8), (64, 1, 16, 8),
+                                                              (32, 1, 32, 8)}
+    tables = ([3], [5])
+    layouts = []
+    for x in runners:
+        x.forward("A", TOKENS, 0, 40, tables)
+        layouts.append(KVLayout(x.kv, x.layer_names, 16))
+    values = [[lay.gather(g, [b]) for g, b in ((0, 3), (1, 5))] for lay in layouts]
+    assert all(torch.equal(v[g], values[0][g]) for v in values for g in (0, 1))
+    assert runners[0].check_block_bytes(0, values[0][0], TOKENS, 40, "A") == []
+    for x, lay in zip(runners, layouts, strict=True):
+        lay.scatter(0, [9], values[0][0])
+        lay.scatter(1, [10], values[0][1])
+        assert x.check("A", TOKENS, 0, 40, ([9], [10])) == []
 
 
 def test_layout_gather_scatter_roundtrip_with_kernel_blocks() -> None:
-    a = torch.randn(2, 64, 8, 1, 4)  # logical block = 2 kernel blocks
-    m = [torch.randn(32, 3), torch.randn(32, 5, dtype=torch.float64)]
+    a = torch.randn(64, 1, 8, 8)  # logical block = 2 kernel blocks of 8 tokens
+    m = torch.randn(32, 1, 1, 3 * 4 + 5 * 8).to(torch.int8)
     lay = KVLayout({"a": a, "m": m}, [["a"], ["m"]], 32)
-    assert lay.block_nbytes == [2 * 2 * 8 * 4 * 4, 3 * 4 + 5 * 8]
+    assert lay.block_nbytes == [2 * 8 * 8 * 4, 3 * 4 + 5 * 8]
+    assert lay.layer_page_shapes == {"a": (1, 16, 32), "m": (1, 1, 52)}
     data = lay.gather(0, [3, 7]).clone()
     data1 = lay.gather(1, [5]).clone()
     a2 = a.clone()
     lay.scatter(0, [10, 11], data)
     lay.scatter(1, [9], data1)
-    assert torch.equal(a[:, 20:22], a2[:, 6:8]) and torch.equal(a[:, 22:24], a2[:, 14:16])
-    assert torch.equal(m[0][9], m[0][5]) and torch.equal(m[1][9], m[1][5])
+    assert torch.equal(a[20:22], a2[6:8]) and torch.equal(a[22:24], a2[14:16])
+    assert torch.equal(m[9], m[5])
+
+
+def test_a_shared_layer_view_is_stored_once() -> None:
+    """Cross-layer KV sharing registers the target's view under a second name
+    (``initialize_kv_cache_tensors``): the value holds its bytes once."""
+    a = torch.randn(32, 1, 16, 8)
+    lay = KVLayout({"x": a, "y": a}, [["x", "y"]], 32)
+    assert lay.block_nbytes == [16 * 8 * 4] and lay.aliases == {"y": "x"}
 
 
 def save(job: int, rid: str, token_len: int, tables: tuple[list[int], ...],
@@ -143,7 +180,7 @@ def test_failed_get_fails_closed(status: Status) -> None:
     done, failed = w2.take_transfer_results()
     assert done == {"B"} and failed == {"B"}
     # Nothing was scattered: the blocks still hold zeros, never partial KV.
-    assert not any(r2.kv["g0.l0"][:, b].any() for b in (7, 8, 9))
+    assert not any(r2.kv["g0.l0"][b].any() for b in (7, 8, 9))
     assert w2.metrics.c.get(f"get_fail_{status.value}") == 1
 
 
