@@ -128,25 +128,39 @@ class TorchPagedAttentionImpl(AttentionImpl[TorchPagedMetadata]):
         if attn_metadata is None:  # profiling run
             return output.fill_(0)
         m = attn_metadata
+        qsl, lens = m.query_start_loc, m.seq_lens
+        single = [i for i in range(len(lens)) if qsl[i + 1] - qsl[i] == 1]
+        if single:  # decodes (and one-token chunks): one batched call
+            rows = [qsl[i] for i in single]
+            out = self._attend(kv_cache, m.block_table[single], [lens[i] for i in single],
+                               query[rows].unsqueeze(1))
+            output[rows] = out[:, 0].to(output.dtype)
+        for i, seq_len in enumerate(lens):
+            q0, q1 = qsl[i], qsl[i + 1]
+            if q1 - q0 > 1:
+                out = self._attend(kv_cache, m.block_table[i: i + 1], [seq_len],
+                                   query[q0:q1].unsqueeze(0))
+                output[q0:q1] = out[0].to(output.dtype)
+        return output
+
+    def _attend(self, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: list[int],
+                q: torch.Tensor) -> torch.Tensor:
+        """Causal attention of ``q: [R, Q, H, D]`` (the last Q positions of each of R requests)
+        over the keys gathered from each request's blocks; returns ``[R, Q, H, D]``."""
         k_cache, v_cache = split_kv(kv_cache, self.head_size)
         block_size = kv_cache.shape[2]
-        group = self.num_heads // self.num_kv_heads
-        for i, seq_len in enumerate(m.seq_lens):
-            q0, q1 = m.query_start_loc[i], m.query_start_loc[i + 1]
-            if q1 == q0:
-                continue
-            nblocks = -(-seq_len // block_size)
-            ids = m.block_table[i, :nblocks].to(torch.int64)
-            k = k_cache[ids].reshape(-1, self.num_kv_heads, self.head_size)[:seq_len].double()
-            v = v_cache[ids].reshape(-1, self.num_kv_heads, self.head_size)[:seq_len].double()
-            k = k.repeat_interleave(group, dim=1)  # [S, H, D]
-            v = v.repeat_interleave(group, dim=1)
-            q = query[q0:q1].double()  # [Q, H, D]
-            scores = torch.einsum("qhd,shd->hqs", q, k) * self.scale
-            qpos = torch.arange(seq_len - (q1 - q0), seq_len).unsqueeze(1)
-            mask = torch.arange(seq_len).unsqueeze(0) > qpos  # [Q, S]
-            scores.masked_fill_(mask.unsqueeze(0), float("-inf"))
-            probs = torch.softmax(scores, dim=-1)
-            out = torch.einsum("hqs,shd->qhd", probs, v)
-            output[q0:q1] = out.to(output.dtype)
-        return output
+        smax = max(seq_lens)
+        ids = block_table[:, : -(-smax // block_size)].to(torch.int64)
+        r, nq = q.shape[0], q.shape[1]
+        kvh, g, d = self.num_kv_heads, self.num_heads // self.num_kv_heads, self.head_size
+        k = k_cache[ids].reshape(r, -1, kvh, d)[:, :smax].double()  # [R, S, KVH, D]
+        v = v_cache[ids].reshape(r, -1, kvh, d)[:, :smax].double()
+        qg = q.double().reshape(r, nq, kvh, g, d)
+        scores = torch.einsum("rqkgd,rskd->rkgqs", qg, k) * self.scale
+        lens = torch.tensor(seq_lens).view(r, 1, 1)
+        qpos = lens - nq + torch.arange(nq).view(1, nq, 1)  # [R, Q, 1]
+        spos = torch.arange(smax).view(1, 1, smax)
+        mask = (spos > qpos).view(r, 1, 1, nq, smax)  # future keys (and padding past seq_len)
+        probs = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
+        out = torch.einsum("rkgqs,rskd->rqkgd", probs, v)
+        return out.reshape(r, nq, kvh * g, d)

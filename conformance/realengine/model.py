@@ -5,8 +5,13 @@ Registered with vLLM's ``ModelRegistry`` through ``vllm.general_plugins``
 run time (:func:`write_model_dir` writes ``config.json`` + ``model.safetensors``; nothing is
 downloaded) and vLLM's own ``DefaultModelLoader`` loads them.
 
-Layers alternate Mamba and attention (``LAYER_KINDS``), so each KV cache group holds several
-layers and the connector's per-layer offsets matter. The Mamba layers are Mamba-1 in plain
+Layers alternate attention and Mamba (:func:`layer_kinds`, Jamba's ``attn_layer_period`` /
+``attn_layer_offset``), so each KV cache group holds several layers and the connector's
+per-layer offsets matter. Attention comes first by default: vLLM 0.33's block copy
+(``copy_kv_cache_blocks_inplace``, ``v1/worker/utils.py``) copies each shared page once, through
+the first layer's view, and a Mamba view first covers only the state bytes of its padded page,
+so the attention K/V sharing that page is not copied on a device partial hit
+(``mamba_first=True`` reproduces it; docs/impl.md). The Mamba layers are Mamba-1 in plain
 torch: backend ``MAMBA1`` (vLLM's ``Mamba1AttentionMetadataBuilder``), conv and SSM state kept
 in the Mamba group's pages (``MambaBase.bind_kv_cache`` views), read and written at
 ``state_indices_tensor_p/_d``, starting from zeros where ``has_initial_states_p`` is false.
@@ -33,18 +38,19 @@ import torch
 from torch import nn
 
 ARCH = "TailproofTestBedHybridForCausalLM"
-LAYER_KINDS = ("mamba", "attention", "mamba", "attention")
+NUM_LAYERS = 4
+OUT_GAIN = 0.25  # scale of each mixer's output projection
 CONFIG: dict[str, Any] = {
     "architectures": [ARCH],
     "model_type": "jamba",
     "vocab_size": 64,
     "hidden_size": 64,
     "intermediate_size": 128,
-    "num_hidden_layers": len(LAYER_KINDS),
+    "num_hidden_layers": NUM_LAYERS,
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
     "attn_layer_period": 2,
-    "attn_layer_offset": 1,
+    "attn_layer_offset": 0,
     "expert_layer_period": 2,
     "expert_layer_offset": 1,
     "num_experts": 1,
@@ -71,6 +77,18 @@ def _mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return (x.double() @ w.double().T).float()
 
 
+def layer_kinds(cfg: dict[str, Any]) -> list[str]:
+    """"attention" or "mamba" per layer (Jamba's rule: ``i % period == offset`` is attention)."""
+    period, offset = cfg["attn_layer_period"], cfg["attn_layer_offset"]
+    return ["attention" if i % period == offset else "mamba"
+            for i in range(cfg["num_hidden_layers"])]
+
+
+def make_config(mamba_first: bool = False) -> dict[str, Any]:
+    """The model's ``config.json``; ``mamba_first`` puts a Mamba layer first (see above)."""
+    return {**CONFIG, "attn_layer_offset": 1 if mamba_first else 0}
+
+
 def weight_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     """Every parameter's name and shape (the checkpoint's and the module's)."""
     d, v = cfg["hidden_size"], cfg["vocab_size"]
@@ -79,7 +97,7 @@ def weight_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     h, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     hd = d // h
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens": (v, d), "lm_head": (v, d)}
-    for i, kind in enumerate(LAYER_KINDS):
+    for i, kind in enumerate(layer_kinds(cfg)):
         p = f"model.layers.{i}"
         if kind == "mamba":
             shapes.update({
@@ -111,20 +129,23 @@ def make_weights(cfg: dict[str, Any], seed: int) -> dict[str, torch.Tensor]:
             t = 0.1 * torch.randn(shape, generator=g)
         elif name == "model.embed_tokens":
             t = torch.randn(shape, generator=g)
+        elif leaf in ("out_proj", "o_proj"):  # mixer outputs O(1): the residual stays O(1)
+            t = torch.randn(shape, generator=g) * (OUT_GAIN / math.sqrt(shape[-1]))
         else:
             t = torch.randn(shape, generator=g) / math.sqrt(shape[-1] if leaf != "conv_w" else 2)
         out[name] = t.float().contiguous()
     return out
 
 
-def write_model_dir(path: str | Path, seed: int = 0) -> Path:
+def write_model_dir(path: str | Path, seed: int = 0, mamba_first: bool = False) -> Path:
     """Write ``config.json`` and ``model.safetensors`` (weights from ``seed``) under ``path``."""
     from safetensors.torch import save_file
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(CONFIG, indent=1))
-    save_file(make_weights(CONFIG, seed), str(path / "model.safetensors"))
+    cfg = make_config(mamba_first)
+    (path / "config.json").write_text(json.dumps(cfg, indent=1))
+    save_file(make_weights(cfg, seed), str(path / "model.safetensors"))
     return path
 
 
@@ -278,7 +299,7 @@ def _hybrid_bases() -> tuple[type, ...]:
 
 
 class TailproofTestBedHybridForCausalLM(*_hybrid_bases()):  # type: ignore[misc]
-    """Embedding, ``LAYER_KINDS`` residual mixers, LM head; ``IsHybrid`` for vLLM's planner."""
+    """Embedding, residual mixers (:func:`layer_kinds`), LM head; ``IsHybrid`` for vLLM."""
 
     is_hybrid: ClassVar[Literal[True]] = True
     has_inner_state: ClassVar[Literal[True]] = True
@@ -287,11 +308,13 @@ class TailproofTestBedHybridForCausalLM(*_hybrid_bases()):  # type: ignore[misc]
         super().__init__()
         cfg = vllm_config.model_config.hf_config.to_dict()
         cache = vllm_config.cache_config
-        _params(self, {"lm_head": weight_shapes(CONFIG)["lm_head"]}, "")
+        shapes = weight_shapes(cfg)
+        self.kinds = layer_kinds(cfg)
+        _params(self, {"lm_head": shapes["lm_head"]}, "")
         self.model = nn.Module()
-        _params(self.model, weight_shapes(CONFIG), "model")
+        _params(self.model, shapes, "model")
         layers = []
-        for i, kind in enumerate(LAYER_KINDS):
+        for i, kind in enumerate(self.kinds):
             p = f"model.layers.{i}"
             block = nn.Module()
             if kind == "mamba":
@@ -308,7 +331,7 @@ class TailproofTestBedHybridForCausalLM(*_hybrid_bases()):  # type: ignore[misc]
                 intermediate_tensors: Any = None, inputs_embeds: torch.Tensor | None = None,
                 **kwargs: Any) -> torch.Tensor:
         h = inputs_embeds if inputs_embeds is not None else self.embed_input_ids(input_ids)
-        for block, kind in zip(self.model.layers, LAYER_KINDS, strict=True):
+        for block, kind in zip(self.model.layers, self.kinds, strict=True):
             mixer = block.mixer if kind == "mamba" else block.self_attn
             h = h + mixer(h)
         return h

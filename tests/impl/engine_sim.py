@@ -76,7 +76,7 @@ class Engine:
                  groups: tuple[tuple[str, int], ...] = GROUPS, h: int = 4,
                  num_workers: int = 1, kv_role: str = "kv_both", max_batched: int = 2048,
                  failure_policy: str = "recompute", settle: bool = True,
-                 max_model_len: int = 4096):
+                 max_model_len: int = 4096, model_runner: str = "v1"):
         from vllm.utils.hashing import sha256
         from vllm.v1.core.kv_cache_utils import init_none_hash
         from vllm.v1.core.sched.scheduler import Scheduler
@@ -104,7 +104,7 @@ class Engine:
         self.conn.scheduler_side.num_workers = num_workers
         self.conn.scheduler_side.lookup_client.world = num_workers
         self.ranks = WorkerRanks(self.vc, self.kvc, groups, num_blocks, num_workers,
-                                 layers=2, settle=settle)
+                                 layers=2, settle=settle, model_runner=model_runner)
         self.workers = self.ranks.workers  # (worker connector, SimRunner) per rank
         self.log: list[StepLog] = []
         self._n = 0
