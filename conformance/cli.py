@@ -127,6 +127,19 @@ def _signals_unwind() -> Iterator[None]:
             signal.signal(s, handler)
 
 
+def _warn_wildcard_listeners() -> None:
+    """``--mooncake-master``: the run joins a master it did not start, so it stays in the
+    host's network namespace, where its Mooncake clients' listeners are wildcard (netns.py)."""
+    from tailproof.conformance.netns import loopback_only
+
+    if loopback_only():  # already in a namespace with only lo: nothing else to reach them
+        return
+    print("tailproof: warning: --mooncake-master: this run's Mooncake clients listen on all "
+          "interfaces (Mooncake binds them to the wildcard address; only a run that starts "
+          "its own master moves into a private network namespace): use it on a trusted "
+          "network, or leave --mooncake-master unset", file=sys.stderr)
+
+
 def _isolate_network() -> None:
     """Mooncake clients listen on every interface whatever they are told: a run that starts
     its own master moves into a private loopback-only network namespace first (root only)."""
@@ -158,7 +171,9 @@ def _impl_options(args: argparse.Namespace, adapters: list[str],
                              "pip install mooncake-transfer-engine-non-cuda (and "
                              "libibverbs1), or --store memory")
         address = args.mooncake_master
-        if not address:
+        if address:
+            _warn_wildcard_listeners()
+        else:
             from tailproof.conformance.local_master import LocalMaster
 
             _isolate_network()
@@ -288,9 +303,21 @@ def cmd_check(args: argparse.Namespace) -> int:
         with contextlib.redirect_stdout(out):
             prove.print_table(rep)
         print(f"proofs: {'FAILED' if failed else 'passed'} ({rep['seconds']:.1f}s)", file=out)
+    findings += _history_findings(results, out, static=True)
     mutation = _check_mutation(out) if args.mutate else None
     return _finish(args, "check", info, adapters, not_run, False, results, seconds, proofs,
                    findings, t_start, mutation)
+
+
+def _history_findings(results: list[CaseResult], out: TextIO,
+                      static: bool) -> list[dict[str, Any]]:
+    """The open upstream bugs the replayed cases (and, for ``check``, the installed vLLM)
+    exhibit: findings, never failures (``conformance/history/findings.py``)."""
+    from tailproof.conformance.history import findings as history
+
+    found = history.trace_findings(results) + (history.static_findings() if static else [])
+    history.print_findings(found, out)
+    return found
 
 
 def _check_mutation(out: TextIO) -> dict[str, Any]:
@@ -334,9 +361,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
     traces = load_all(args.traces)
     results, seconds = _conformance(args, traces, adapters, args.strict_ids, progress=False)
     from tailproof.conformance.show import check_expect_keys, format_show, parse_range
+    from tailproof.conformance.step_protocol import check_replayed
 
     for r in results:
         check_expect_keys(r)
+        check_replayed(r)
     if args.show:
         for r in results:
             print(format_show(r, parse_range(args.ops, len(r.trace.ops))), file=out)
@@ -351,7 +380,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     proofs = report.proofs_part(None, "replay runs no proofs", False)
     return _finish(args, "replay", info, adapters, not_run, args.strict_ids, results, seconds,
-                   proofs, [], t_start)
+                   proofs, _history_findings(results, out, static=False), t_start)
 
 
 def register_replay(sub: Any) -> None:
@@ -438,8 +467,10 @@ def cmd_capture(args: argparse.Namespace) -> int:
     info = vllm_compat.inspect_vllm(["vllm"])
     resolve_adapters(["vllm"], skip_missing=False, info=info)
     try:
-        res = capture(args.workload, args.output, seed=args.seed, connector=args.connector,
-                      geometry=args.geometry, redact=args.redact, max_bytes=args.max_bytes)
+        # SIGTERM unwinds like Ctrl-C: the recorder closes its file, the engine shuts down
+        with _signals_unwind():
+            res = capture(args.workload, args.output, seed=args.seed, connector=args.connector,
+                          geometry=args.geometry, redact=args.redact, max_bytes=args.max_bytes)
     except CaptureError as e:
         raise UsageError(str(e), "see tailproof capture --help") from None
     except OSError as e:
@@ -600,6 +631,14 @@ def register_mutate(sub: Any) -> None:
     add_arguments(mu)
 
 
+def register_history(sub: Any) -> None:
+    from tailproof.conformance.history.cli import add_arguments, cmd_history
+
+    add_arguments(_sub(sub, "history", "list every upstream bug of the partial-tail path: its "
+                       "status in vLLM 0.33, the case or finding that covers it, the mutant "
+                       "that re-introduces it and whether the case kills it", cmd_history))
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     from tailproof.conformance import doctor
 
@@ -631,7 +670,9 @@ def register_stats(sub: Any) -> None:
              "lookups, hit split, puts/gets, failures and pinned blocks", cmd_stats)
     s.add_argument("url", metavar="URL",
                    help="the engine's address or metrics URL, e.g. http://127.0.0.1:8000")
-    s.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the engine")
+    s.add_argument("--timeout", type=float, default=5.0,
+                   help="seconds for the whole read: connect, headers and body (the response "
+                        "is also capped at 16 MiB)")
     s.add_argument("--json", action="store_true", help="print one JSON document on stdout")
 
 
@@ -661,8 +702,8 @@ def register_smoke(sub: Any) -> None:
 #: one entry per subcommand, in --help order (a new subcommand adds one register_* here)
 SUBCOMMANDS: list[Callable[[Any], None]] = [
     register_check, register_replay, register_validate, register_record, register_capture,
-    register_shrink, register_prove, register_mutate, register_doctor, register_stats,
-    register_smoke,
+    register_shrink, register_prove, register_mutate, register_history, register_doctor,
+    register_stats, register_smoke,
 ]
 
 

@@ -76,6 +76,13 @@ class CoreDriver:
             out.setdefault(rid, []).append((g, blk, b))
         return out
 
+    def close(self) -> None:
+        """The trace is over: the connector releases what it allocated (the impl adapter's
+        threads, tensors and store); adapters without a ``close`` hold nothing to release."""
+        close = getattr(self.connector, "close", None)
+        if close is not None:
+            close()
+
     def supports(self, name: str) -> bool:
         return name in CORE_OPS or (self.connector is not None and name in self.connector.ops)
 

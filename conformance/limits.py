@@ -12,6 +12,8 @@ from typing import Any
 
 #: largest trace file read (bytes)
 MAX_FILE_BYTES = 16 << 20
+#: longest a pipe or FIFO trace may take to be written in full (seconds; trace_file.py)
+MAX_PIPE_SECONDS = 10.0
 #: deepest nesting of arrays/objects anywhere in a trace
 MAX_DEPTH = 32
 #: most ops in one trace

@@ -84,7 +84,10 @@ def run_trace(trace: Trace, adapters: list[str], strict: bool = False,
             result.refused[name] = why
             continue
         driver = make_driver(name, trace.config, (options or {}).get(name))
-        result.observations[name] = [driver.apply(op) for op in trace.ops]
+        try:
+            result.observations[name] = [driver.apply(op) for op in trace.ops]
+        finally:
+            driver.close()
         result.unsupported[name] = sorted({op["op"] for op in trace.ops
                                            if not driver.supports(op["op"])})
     expects = [op.get("expect") for op in trace.ops]

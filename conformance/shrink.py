@@ -21,6 +21,7 @@ from typing import Any
 
 from tailproof.conformance.capture.tokens import run_length
 from tailproof.conformance.replay import CaseResult, run_trace
+from tailproof.conformance.step_protocol import observed_problem
 from tailproof.conformance.trace import Trace, TraceError, parse_trace
 
 Signature = tuple[str, str, str, str]
@@ -66,7 +67,7 @@ class _Oracle:
     def trace(self, ops: list[dict[str, Any]]) -> Trace | None:
         doc = dict(self.base, ops=ops)
         try:
-            return parse_trace(doc, "<shrink>")
+            return parse_trace(doc, "<shrink>", protocol=True)
         except TraceError:
             return None
 
@@ -75,7 +76,12 @@ class _Oracle:
         if t is None:
             return False
         self.runs += 1
-        return signature(run_trace(t, self.adapters, self.strict)) == self.want
+        result = run_trace(t, self.adapters, self.strict)
+        # a candidate that breaks the step protocol once its allocations' outcomes are known
+        # (a dropped commit) is bad input, not a smaller reproduction
+        if observed_problem(t.ops, result.observations[self.adapters[0]]) is not None:
+            return False
+        return signature(result) == self.want
 
 
 def _plain_ops(trace: Trace, keep_expect: bool) -> list[dict[str, Any]]:
@@ -148,7 +154,11 @@ def shrink(trace: Trace, adapters: list[str], strict: bool = False,
     keep_expect = len(adapters) < 2
     base = {k: v for k, v in trace.raw.items() if k != "ops"}
     ops = _plain_ops(trace, keep_expect)
-    first = run_trace(parse_trace(dict(base, ops=ops), trace.source), adapters, strict)
+    first_trace = parse_trace(dict(base, ops=ops), trace.source, protocol=True)
+    first = run_trace(first_trace, adapters, strict)
+    problem = observed_problem(first_trace.ops, first.observations[adapters[0]])
+    if problem is not None:
+        raise TraceError(f"{trace.source}: {problem} (as run on {adapters[0]})")
     want = signature(first)
     if want is None:
         raise TraceError(f"{trace.source}: no divergence on {','.join(adapters)} to shrink"

@@ -4,14 +4,21 @@ Reads the ``vllm:tailproof_*`` Prometheus series (``impl/metrics.py``: events by
 gauges, the job latency histogram), sums them over engines and models, and prints lookups,
 hit tokens split by granularity (whole lcm blocks vs sub-block tails), the hit ratio,
 puts/gets, failures by kind and pinned blocks.
+
+The endpoint is outside input and is read bounded (docs/security.md, "Bounded readers"):
+at most MAX_RESPONSE_BYTES, within ``--timeout`` seconds in all (a watchdog shuts the socket
+down at the deadline, so a slow drip cannot stretch it), and every sample it uses must be a
+finite number >= 0; anything else is exit 2 with one line.
 """
 
 from __future__ import annotations
 
+import http.client
+import math
 import re
-import urllib.error
+import socket
+import threading
 import urllib.parse
-import urllib.request
 from typing import Any
 
 from tailproof.conformance.errors import UsageError
@@ -24,6 +31,13 @@ _SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{.*\})?\s+(\S+)(\s+\S+)?$")
 _LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
 FAILURE_PREFIXES = ("put_fail_", "get_fail_")
 FAILURE_EVENTS = ("load_failures", "job_errors", "lookup_errors")
+#: largest /metrics response read (bytes); a real one is a few hundred KiB even with many
+#: models and engines
+MAX_RESPONSE_BYTES = 16 << 20
+_CHUNK = 1 << 16
+#: longest sample line parsed (a longer one is not the connector's; skipped, so the regex
+#: never runs on megabytes)
+_MAX_LINE = 1 << 16
 
 
 def metrics_url(url: str) -> str:
@@ -39,14 +53,63 @@ def metrics_url(url: str) -> str:
     return urllib.parse.urlunsplit(parts)
 
 
+def _cannot_read(url: str, reason: object) -> UsageError:
+    return UsageError(f"stats: cannot read {url}: {reason}",
+                      "check the engine is running and the address/port")
+
+
 def fetch(url: str, timeout: float) -> str:
+    """The body of ``GET url``: at most MAX_RESPONSE_BYTES, all of it within ``timeout``
+    seconds (connect, headers and body together), else a UsageError."""
+    parts = urllib.parse.urlsplit(url)
+    cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 - user URL
-            return resp.read().decode("utf-8", "replace")
-    except (urllib.error.URLError, OSError, ValueError) as e:
-        reason = getattr(e, "reason", None) or e
-        raise UsageError(f"stats: cannot read {url}: {reason}",
-                         "check the engine is running and the address/port") from None
+        conn = cls(parts.hostname or "", parts.port, timeout=timeout)
+    except (http.client.HTTPException, ValueError) as e:  # a bad port
+        raise _cannot_read(url, e) from None
+    expired = threading.Event()
+    socks: list[socket.socket] = []  # the connection's socket (http.client drops its own
+    # reference once a Connection: close response is read)
+
+    def stop() -> None:  # the deadline: wake a read blocked on a dripping server
+        expired.set()
+        for sock in socks:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    watchdog = threading.Timer(timeout, stop)
+    watchdog.daemon = True
+    watchdog.start()
+    body = bytearray()
+    try:
+        conn.connect()
+        socks.append(conn.sock)
+        if expired.is_set():  # the deadline passed while connecting
+            stop()
+        conn.request("GET", urllib.parse.urlunsplit(("", "", parts.path or "/", parts.query, "")),
+                     headers={"Accept": "text/plain"})
+        resp = conn.getresponse()
+        if resp.status != 200:
+            raise UsageError(f"stats: {url} answered HTTP {resp.status} {resp.reason}",
+                             "pass the engine's metrics URL, e.g. http://127.0.0.1:8000/metrics")
+        while chunk := resp.read1(_CHUNK):
+            body += chunk
+            if len(body) > MAX_RESPONSE_BYTES:
+                raise UsageError(f"stats: {url} sent more than {MAX_RESPONSE_BYTES} bytes "
+                                 "(the limit)", "point stats at the engine's own /metrics")
+    except (http.client.HTTPException, OSError, ValueError) as e:
+        if not expired.is_set():
+            raise _cannot_read(url, getattr(e, "reason", None) or e or type(e).__name__) \
+                from None
+    finally:
+        watchdog.cancel()
+        conn.close()
+    if expired.is_set():
+        raise UsageError(f"stats: {url} did not answer in full within {timeout:g} s",
+                         "check the engine is responsive, or raise --timeout")
+    return body.decode("utf-8", "replace")
 
 
 def parse(text: str) -> dict[str, dict[str, float]]:
@@ -54,16 +117,22 @@ def parse(text: str) -> dict[str, dict[str, float]]:
     count and sum), over every other label."""
     out: dict[str, dict[str, float]] = {"events": {}, "state": {}, "latency": {}}
     for line in text.splitlines():
-        if not line.startswith("vllm:tailproof_"):
+        if not line.startswith("vllm:tailproof_") or len(line) > _MAX_LINE:
             continue
         m = _SAMPLE.match(line.strip())
         if not m:
             continue
         name, labels, value = m[1], dict(_LABEL.findall(m[2] or "")), m[3]
+        if name not in (EVENTS, STATE, LATENCY + "_count", LATENCY + "_sum"):
+            continue
         try:
             v = float(value)
         except ValueError:
             continue
+        if not math.isfinite(v) or v < 0:
+            raise UsageError(f"stats: sample {name}{(m[2] or '')[:200]} is {value[:40]}, "
+                             "not a finite number >= 0", "point stats at an engine running "
+                             "TailproofConnector (its counters are never NaN or negative)")
         if name == EVENTS:
             key, part = labels.get("event", ""), "events"
         elif name == STATE:

@@ -15,6 +15,7 @@ from tailproof.conformance import limits
 from tailproof.conformance import ops as opspec
 from tailproof.conformance.tokens import TokenError, expand
 from tailproof.conformance.trace_checks import CheckError, check_config, check_ops
+from tailproof.conformance.trace_file import ReadRefused, read_trace_bytes
 from tailproof.spec.arithmetic import lcm_all
 
 FORMAT_TAG = "tailproof-trace/1"
@@ -306,8 +307,10 @@ class OpReader:
             raise _err(self.source, f"{where}.blocks", "evict takes exactly one of blocks or keys")
 
 
-def parse_trace(doc: Any, source: str = "<trace>") -> Trace:
-    """Validate a decoded trace document and return it with normalised ops."""
+def parse_trace(doc: Any, source: str = "<trace>", protocol: bool = False) -> Trace:
+    """Validate a decoded trace document and return it with normalised ops; ``protocol``
+    adds the step protocol (docs/trace-format.md, "Step protocol"), which every trace the
+    CLI reads (``load_trace``) and every trace ``shrink`` emits must pass."""
     if not isinstance(doc, dict):
         raise _err(source, "trace", "must be a JSON object")
     if doc.get("format") != FORMAT_TAG:
@@ -327,7 +330,7 @@ def parse_trace(doc: Any, source: str = "<trace>") -> Trace:
     reader = OpReader(source)
     out = [reader.read(i, op) for i, op in enumerate(ops_doc)]
     try:
-        check_ops(out, config)
+        check_ops(out, config, protocol)
     except CheckError as e:
         raise TraceError(f"{source}: {e}") from None
     name = doc.get("name") or Path(source).stem
@@ -338,9 +341,9 @@ def load_trace(path: str | Path) -> Trace:
     """Read and validate one trace file."""
     p = Path(path)
     try:
-        if p.stat().st_size > limits.MAX_FILE_BYTES:
-            raise TraceError(f"{p}: larger than {limits.MAX_FILE_BYTES} bytes (the limit)")
-        text = p.read_bytes().decode("utf-8")
+        text = read_trace_bytes(p).decode("utf-8")
+    except ReadRefused as e:
+        raise TraceError(f"{p}: {e}") from None
     except OSError as e:
         raise TraceError(f"{p}: cannot read: {e.strerror or e}") from None
     except UnicodeDecodeError as e:
@@ -359,4 +362,4 @@ def load_trace(path: str | Path) -> Trace:
     problem = limits.depth_problem(doc)
     if problem:
         raise TraceError(f"{p}: {problem} (the limit)")
-    return parse_trace(doc, str(p))
+    return parse_trace(doc, str(p), protocol=True)

@@ -10,6 +10,7 @@ from typing import Any
 from tailproof.conformance import limits as L
 from tailproof.conformance import ops as opspec
 from tailproof.conformance.compare import Renamer
+from tailproof.conformance.step_protocol import ProtocolError, StepProtocol
 
 
 class CheckError(ValueError):
@@ -41,6 +42,11 @@ def check_config(config: Any) -> None:
         v = getattr(config, key)
         if v > L.MAX_TOKEN_COUNT:
             raise CheckError(f"config.{key}", f"{v} is over the limit of {L.MAX_TOKEN_COUNT}")
+    for key in ("max_model_len", "max_num_scheduled_tokens"):
+        # vLLM's ModelConfig / SchedulerConfig: no request fits a 0-token model, no step
+        # schedules from a 0-token budget (0 turns only long_prefill_token_threshold off)
+        if getattr(config, key) < 1:
+            raise CheckError(f"config.{key}", f"must be >= 1, got {getattr(config, key)}")
 
 
 def _count(where: str, v: Any, limit: int = L.MAX_TOKEN_COUNT) -> None:
@@ -147,14 +153,18 @@ def _store_keys(where: str, op: dict[str, Any], config: Any, tokens: int) -> Non
                              f"in 1..{tokens} (the tokens of request {op['rid']!r})")
 
 
-def check_ops(ops: list[dict[str, Any]], config: Any) -> None:
-    """Bounds, ranges and order of the normalised ops of a trace (after per-field checks)."""
+def check_ops(ops: list[dict[str, Any]], config: Any, protocol: bool = False) -> None:
+    """Bounds, ranges and order of the normalised ops of a trace (after per-field checks);
+    with ``protocol``, also the step protocol (``step_protocol``: what the CLI's loader
+    refuses; the in-process fuzzers and generators drive off-protocol sequences on purpose,
+    where the reference and vLLM must still agree)."""
     if len(ops) > L.MAX_OPS:
         raise CheckError("ops", f"{len(ops)} ops, over the limit of {L.MAX_OPS}")
     specs = opspec.all_op_specs()
     conn = config.connector or {}
     num_workers = conn.get("num_workers", 1)
     order = _Order()
+    steps = StepProtocol() if protocol else None
     tokens: dict[str, int] = {}
     total = 0
     for i, op in enumerate(ops):
@@ -193,6 +203,11 @@ def check_ops(ops: list[dict[str, Any]], config: Any) -> None:
         if "expect" in op:
             _check_expect(f"{where}.expect", op["expect"])
         order.see(i, op)
+        if steps is not None:
+            try:
+                steps.see(i, op)
+            except ProtocolError as e:
+                raise CheckError(*str(e).split(": ", 1)) from None
 
 
 def _check_expect(where: str, expect: dict[str, Any]) -> None:

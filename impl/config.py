@@ -70,6 +70,11 @@ class Settings:
     # With the extension on: a lookup whose prompt extends a Mamba boundary an in-flight store
     # job is putting (a turn that arrives as its predecessor finishes) waits for that job.
     checkpoint_lookup_wait: bool = True
+    # Local hits whose attention prefix runs past a lagging Mamba state (docs/impl.md, "Divergent
+    # local hits"): vLLM then asks the store for the rest, and a load restores the Mamba state
+    # at its hit, so requests share the attention blocks of a prefix the device still holds
+    # instead of each loading a private copy (``supports_divergent_local_hybrid_hits``).
+    divergent_local_hits: bool = False
 
     @property
     def reuse_extension(self) -> bool:
@@ -111,9 +116,15 @@ _SETTING_TYPES: dict[str, type | tuple[type, ...]] = {
     "junction_checkpoints": bool,
     "junction_index_blocks": int,
     "checkpoint_lookup_wait": bool,
+    "divergent_local_hits": bool,
 }
 MAX_CHECKPOINT_SLOTS = 4096
 MAX_THREADS = 8  # data-plane threads per kind: copies are memory-bound, more only contend
+#: bounds of the per-worker queue and of one store batch: far above any engine's need (a
+#: step queues at most one job per scheduled request), low enough that a typo (2^40) fails
+#: at start-up instead of sizing a deque or a key list by it
+MAX_QUEUED_JOBS = 1 << 16
+MAX_PUT_BATCH = 1 << 16
 #: Size settings of the connector itself (same syntax as the store's: 67108864, "64MB", ...).
 _SIZE_SETTINGS = ("staging_buffer_bytes",)
 
@@ -184,10 +195,12 @@ def parse_settings(extra: dict[str, Any] | None, kv_role: str | None) -> Setting
         val = extra.get(key)
         if isinstance(val, int) and not isinstance(val, bool) and val <= 0:
             problems.append(f"{key} must be positive, got {val}")
-    for key in ("send_threads", "recv_threads"):
+    for key, most in (("send_threads", MAX_THREADS), ("recv_threads", MAX_THREADS),
+                      ("max_queued_jobs", MAX_QUEUED_JOBS), ("put_batch_size", MAX_PUT_BATCH)):
         val = extra.get(key)
-        if isinstance(val, int) and not isinstance(val, bool) and val > MAX_THREADS:
-            problems.append(f"{key} must be at most {MAX_THREADS}, got {val}")
+        if isinstance(val, int) and not isinstance(val, bool) and val > most:
+            problems.append(f"{key} must be at most {most}, got {val}")
+    problems += _check_staging_total(extra, sizes)
     val = extra.get("checkpoint_slots")
     if isinstance(val, int) and not isinstance(val, bool) and not 1 <= val <= MAX_CHECKPOINT_SLOTS:
         problems.append(f"checkpoint_slots must be in 1..{MAX_CHECKPOINT_SLOTS}, got {val}")
@@ -198,8 +211,11 @@ def parse_settings(extra: dict[str, Any] | None, kv_role: str | None) -> Setting
     if isinstance(val, int) and not isinstance(val, bool) and val < 0:
         problems.append(f"checkpoint_reserve_blocks must be >= 0, got {val}")
     ns = extra.get("namespace")
-    if isinstance(ns, str) and (not ns or "@" in ns):
-        problems.append(f"namespace must be non-empty and contain no '@', got {ns!r}")
+    if isinstance(ns, str) and (not ns or "@" in ns or not ns.isprintable()):
+        # a key is "namespace@..." (impl/keys.py); a newline or other control character
+        # would split a log line or a key listing in two
+        problems.append(f"namespace must be non-empty and contain no '@' and no control "
+                        f"characters, got {ns!r}")
     store_config = {"backend": store, **{k: v for k, v in extra.items() if k in store_keys}}
     if isinstance(store, str) and store in STORE_KINDS:
         problems += check_store_config(store_config)
@@ -208,6 +224,22 @@ def parse_settings(extra: dict[str, Any] | None, kv_role: str | None) -> Setting
     kwargs = {k: extra[k] for k in _SETTING_TYPES if k in extra}
     kwargs.update({k: None for k in REUSE_PARTS if kwargs.get(k) == "auto"})
     return Settings(kv_role=role, store_config=store_config, **kwargs, **sizes)
+
+
+def _check_staging_total(extra: dict[str, Any], sizes: dict[str, int]) -> list[str]:
+    """Each data-plane thread of a worker owns one staging buffer (``WorkerSide``'s
+    ``StagingPool(send_threads + recv_threads, staging_buffer_bytes)``): their total must fit
+    in this machine's memory too, not only one buffer."""
+    from tailproof.impl.stores.config import check_size_fits
+
+    staging = sizes.get("staging_buffer_bytes")
+    threads = [extra.get(k, 1) for k in ("send_threads", "recv_threads")]
+    if staging is None or not all(isinstance(t, int) and not isinstance(t, bool)
+                                  and 1 <= t <= MAX_THREADS for t in threads):
+        return []
+    bad = check_size_fits(f"staging_buffer_bytes x (send_threads + recv_threads) = "
+                          f"{staging} x {sum(threads)}", staging * sum(threads))
+    return [bad] if bad and not check_size_fits("staging_buffer_bytes", staging) else []
 
 
 #: ``distributed_executor_backend`` values whose worker runs in the scheduler's process:
@@ -397,6 +429,8 @@ def geometry_from_vllm(vllm_config: Any, kv_cache_config: Any) -> StoreGeometry:
 
 
 REUSE_PARTS = ("turn_end_checkpoints", "decode_boundary_saves", "junction_checkpoints")
+#: the parts that store a state between lcm boundaries, so mean nothing without partial hits
+NEEDS_PARTIAL_HITS = ("turn_end_checkpoints", "junction_checkpoints")
 
 
 def resolve_reuse_extension(settings: Settings, geo: StoreGeometry, vllm_config: Any,
@@ -417,6 +451,11 @@ def resolve_reuse_extension(settings: Settings, geo: StoreGeometry, vllm_config:
         if asked is True:
             errors += [f"{key}=true is not supported here: {w} (docs/reuse.md, Limits)"
                        for w in why]
+            if key in NEEDS_PARTIAL_HITS and not geo.partial_hits:
+                # README ("Deploy in vLLM"): without partial hash hits a checkpoint lands on
+                # the lcm, where vLLM 0.33's own store already saves: true is a mistake
+                errors.append(f"{key}=true needs partial hash hits (hash_block_size below "
+                              "the lcm of the group block sizes; docs/reuse.md)")
             values[key] = True
         elif asked is None:
             reason = "; ".join(why) or idle
@@ -426,6 +465,19 @@ def resolve_reuse_extension(settings: Settings, geo: StoreGeometry, vllm_config:
         else:
             values[key] = False
     return replace(settings, **values), errors, notes
+
+
+def divergent_hits_limits(geo: StoreGeometry, vllm_config: Any) -> list[str]:
+    """Why ``divergent_local_hits`` cannot run on this engine: a load restores only what lies
+    past the local hit plus the Mamba state at its end, so a lagging sliding-window group (its
+    window below the local hit) and EAGLE's dropped proof block would be left unrestored."""
+    why: list[str] = []
+    if getattr(vllm_config, "speculative_config", None) is not None or geo.use_eagle:
+        why.append("speculative decoding is configured")
+    if geo.window_group_ids:
+        groups = sorted(geo.core_group_ids[g] for g in geo.window_group_ids)
+        why.append(f"KV cache group(s) {groups} use a sliding window")
+    return [f"divergent_local_hits=true is not supported here: {w}" for w in why]
 
 
 def reuse_extension_limits(geo: StoreGeometry, vllm_config: Any, kv_cache_config: Any

@@ -44,6 +44,7 @@ from tailproof.impl.config import (
     Settings,
     StoreGeometry,
     check_store_placement,
+    divergent_hits_limits,
     geometry_from_vllm,
     parse_settings,
     resolve_reuse_extension,
@@ -52,7 +53,7 @@ from tailproof.impl.fingerprint import Fingerprint, check_tensors, fingerprint_f
 from tailproof.impl.hash_seed import random_seed_problem
 from tailproof.impl.keys import INITIAL_EPOCH, KeySpace, new_epoch
 from tailproof.impl.lookup import StoreLookup
-from tailproof.impl.meta import TailproofMeta
+from tailproof.impl.meta import TailproofMeta, TailproofWorkerMeta
 from tailproof.impl.metrics import (
     SchedulerMetrics,
     TailproofPromMetrics,
@@ -61,13 +62,15 @@ from tailproof.impl.metrics import (
 )
 from tailproof.impl.scheduler_side import SchedulerSide
 from tailproof.impl.stores import Store, make_store
-from tailproof.impl.value_format import SecretError, secret_from_env
+from tailproof.impl.value_format import SecretError, mac_identity_text, secret_from_env
 from tailproof.impl.vllm_plugin import HOOK_VERSION
 from tailproof.impl.worker_side import WorkerSide
 
 logger = logging.getLogger(__name__)
 
 _SHARED_LOCK = threading.Lock()
+#: longest a reset of a paused engine waits for the workers' store jobs (seconds)
+RESET_DRAIN_S = 30.0
 _SHARED: dict[str, list[Any]] = {}  # store config json -> [store, refcount]
 
 
@@ -128,6 +131,17 @@ class TailproofConnector(KVConnectorBase_V1, SupportsHMA):
         preempted request still had in flight needs delivering; a dropped save is a miss."""
         return False
 
+    @property
+    def supports_divergent_local_hybrid_hits(self) -> bool:
+        """``divergent_local_hits``: vLLM 0.33's ``Scheduler._get_local_prefix_cache_hit`` then
+        reports the full-attention hit (``KVCacheManager.get_computed_blocks_for_connector``)
+        even where a Mamba state lags it. Sound here because every store hit carries the Mamba
+        state at exactly its end (``lookup``) and every load restores it; with no external
+        tokens vLLM reconciles to the hit all groups agree on, and a failed asynchronous load
+        recomputes from 0 (``Scheduler._handle_failed_recving``)."""
+        settings = getattr(self, "settings", None)
+        return bool(settings is not None and settings.divergent_local_hits)
+
     def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         if kv_cache_config is None:
@@ -147,7 +161,6 @@ class TailproofConnector(KVConnectorBase_V1, SupportsHMA):
             self.secret = secret_from_env()
         except SecretError as exc:
             raise ConfigError([str(exc)]) from exc
-        self.epoch = INITIAL_EPOCH
         if not self.settings.load_async and len(kv_cache_config.kv_cache_groups) > 1:
             raise ConfigError([
                 "load_async=false needs a single KV cache group: a failed synchronous load is "
@@ -157,6 +170,9 @@ class TailproofConnector(KVConnectorBase_V1, SupportsHMA):
             self.settings, self.geo, vllm_config, kv_cache_config)
         if reuse_errors:
             raise ConfigError(reuse_errors)
+        if self.settings.divergent_local_hits:
+            if divergent_errors := divergent_hits_limits(self.geo, vllm_config):
+                raise ConfigError(divergent_errors)
         for note in reuse_notes:
             logger.info("TailproofConnector: %s", note)
         par = vllm_config.parallel_config
@@ -176,7 +192,7 @@ class TailproofConnector(KVConnectorBase_V1, SupportsHMA):
         self.scheduler_side: SchedulerSide | None = None
         self.worker_side: WorkerSide | None = None
         self.keys = KeySpace(self.settings.namespace, self.fingerprint.digest,
-                             par.tensor_parallel_size)
+                             par.tensor_parallel_size, mac_identity_text(self.secret))
         # Prefix hashes that no other process can derive (impl/hash_seed.py): warned, not
         # refused -- this engine still hits its own stored values while it lives.
         self.hash_seed_problem = random_seed_problem(vllm_config.cache_config, os.environ)
@@ -195,7 +211,8 @@ class TailproofConnector(KVConnectorBase_V1, SupportsHMA):
                 tp_size=par.tensor_parallel_size)
         logger.info("TailproofConnector %s: store=%s fingerprint=%s%s geometry=%s", role.name,
                     self.settings.store, self.fingerprint.digest,
-                    " (values authenticated)" if self.secret else "", self.geo)
+                    (f" (values authenticated, MAC identity {self.keys.mac_identity})"
+                     if self.secret else ""), self.geo)
 
     # ------------------------------------------------------------------ scheduler role
 
@@ -238,10 +255,7 @@ class TailproofConnector(KVConnectorBase_V1, SupportsHMA):
         self._sched().update_state_after_alloc(request, blocks, num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
-        meta = self._sched().build_connector_meta(scheduler_output)
-        for job in [*meta.loads, *meta.stores]:  # keys of this engine's current epoch
-            job.epoch = self.epoch
-        return meta
+        return self._sched().build_connector_meta(scheduler_output)  # jobs carry their epoch
 
     def update_connector_output(self, connector_output: Any) -> None:
         self._sched().update_connector_output(
@@ -268,18 +282,53 @@ class TailproofConnector(KVConnectorBase_V1, SupportsHMA):
     def has_pending_push_work(self) -> bool:
         return self.scheduler_side is not None and self.scheduler_side.has_pending_push_work()
 
+    @property
+    def epoch(self) -> str:
+        """This engine's current key epoch (the scheduler role's; workers use each job's)."""
+        side = self.scheduler_side
+        return side.epoch if side is not None else INITIAL_EPOCH
+
+    def drain_for_reset(self, collective_rpc: Any, timeout: float = RESET_DRAIN_S) -> bool:
+        """Before a prefix-cache reset of a paused engine (``EngineCore._reset_caches``, which
+        ``pause_scheduler(clear_cache=True)`` calls; the vLLM plugin wires it): finish every
+        worker's store jobs and take their reports now, so the jobs' pins are released.
+
+        Why: a paused scheduler runs no step, so no worker report arrives and the pins stay;
+        ``BlockPool.reset_prefix_cache`` then fails (blocks in use) and, with
+        ``reset_running_requests``, vLLM 0.33's ``Scheduler.reset_prefix_cache`` raises. The
+        pins must not simply be dropped: a job may still be reading those blocks. Jobs still
+        running after ``timeout`` keep theirs (the reset then fails as before, bounded).
+        Returns whether no pin is left."""
+        side = self.scheduler_side
+        if side is None or not side.has_pending_push_work():
+            return True
+        agg: TailproofWorkerMeta | None = None
+        for meta in collective_rpc(drain_worker, args=(timeout,)) or []:
+            if isinstance(meta, TailproofWorkerMeta):
+                agg = meta if agg is None else agg.aggregate(meta)
+        if agg is not None:
+            side.update_connector_output(agg)
+        return not side.has_pending_push_work()
+
     def reset_cache(self) -> bool | None:
         """Make this engine's stored KV unreachable for it: move to a fresh key epoch.
 
         Nothing is removed: the pool may be shared with other engines (their keys stay
-        reachable), and this engine's old entries age out by the store's lease and eviction."""
-        if self.scheduler_side is None:
+        reachable), and this engine's old entries age out by the store's lease and eviction.
+        A reset that fails moves nothing: vLLM's ``Scheduler.reset_prefix_cache`` calls this
+        even when its own block-pool reset failed (blocks in use), and KV still held in those
+        blocks predates the reset (``SchedulerSide.reset_refusal``)."""
+        side = self.scheduler_side
+        if side is None:
             return None
-        self.scheduler_side.reset()
-        self.epoch = new_epoch()
-        assert self.scheduler_side.lookup_client is not None
-        self.scheduler_side.lookup_client.epoch = self.epoch
-        logger.info("TailproofConnector: prefix cache reset; store key epoch now %s", self.epoch)
+        refusal = side.reset_refusal()
+        if refusal is not None:
+            logger.warning("TailproofConnector: prefix cache reset refused (%s); store key "
+                           "epoch stays %s", refusal, side.epoch)
+            return False
+        side.reset()
+        side.move_epoch(new_epoch())
+        logger.info("TailproofConnector: prefix cache reset; store key epoch now %s", side.epoch)
         return True
 
     # ------------------------------------------------------------------ worker role
@@ -360,6 +409,22 @@ class TailproofConnector(KVConnectorBase_V1, SupportsHMA):
         per_engine_labelvalues: dict[int, list[object]],
     ) -> TailproofPromMetrics:
         return TailproofPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+
+
+def drain_worker(worker: Any, timeout: float) -> TailproofWorkerMeta | None:
+    """Runs on every worker (``collective_rpc``, ``TailproofConnector.drain_for_reset``): wait
+    up to ``timeout`` for this rank's store jobs, then hand over the report the next step's
+    ``build_connector_worker_meta`` would have sent (taken here, so it is sent exactly once)."""
+    from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
+
+    if not has_kv_transfer_group():
+        return None
+    conn = get_kv_transfer_group()
+    if not isinstance(conn, TailproofConnector) or conn.worker_side is None:
+        return None
+    conn.worker_side.wait_idle(timeout)
+    meta = conn.build_connector_worker_meta()
+    return meta if isinstance(meta, TailproofWorkerMeta) else None
 
 
 def _with_namespace(s: Settings, ns: str) -> Settings:

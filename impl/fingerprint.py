@@ -5,8 +5,15 @@ Why: a key that names only the prefix hash lets an fp16 engine's blocks load int
 another checkpoint's blocks load under the same model path, or a pipeline stage's blocks load into
 another stage -- the load "succeeds" with foreign values in the KV cache. The fingerprint covers:
 
-* model identity: ``model``, ``revision`` (and the config revision vLLM resolved), the hub
-  commit of the config when known, ``quantization``;
+* model identity: ``model``, ``model_weights``, ``revision``, ``code_revision`` (and the
+  config revision vLLM resolved), the hub commit of the config when known, ``hf_config_path``,
+  ``quantization`` (and ``quantization_config``), the runner/convert type, model class
+  overrides, ``hf_overrides`` (any override of the model's config may change its numerics);
+* RoPE as resolved into the model's text config, whatever its source (config file,
+  ``hf_overrides``, ``hf_config_path``): K is cached *after* RoPE, so ``rope_theta`` or
+  ``rope_scaling`` changes every cached K byte (:func:`rope_parts`);
+* the weights' source (``LoadConfig.load_format``, :func:`weights_source`): ``dummy`` (random
+  weights, benchmarks) never shares keys with real weights;
 * dtypes: the model dtype, ``cache_dtype`` (KV-cache dtype), the Mamba state dtypes;
 * per stored KV cache group: the full ``KVCacheSpec`` (type, block size, heads, head size, dtype,
   Mamba shapes and dtypes, ...) and, without pipeline parallelism, its layer names;
@@ -66,6 +73,8 @@ def _canon(v: Any) -> Any:
     if dataclasses.is_dataclass(v) and not isinstance(v, type):
         return {"type": type(v).__name__,
                 **{f.name: _canon(getattr(v, f.name)) for f in dataclasses.fields(v)}}
+    if callable(v) and hasattr(v, "__qualname__"):  # a function (``hf_overrides`` may be one)
+        return f"callable:{getattr(v, '__module__', '?')}.{v.__qualname__}"
     text = str(v)  # torch.dtype and the like: "torch.float16"
     # An object without a stable text form must not make the digest differ per process.
     return type(v).__name__ if " at 0x" in text else text
@@ -87,16 +96,102 @@ def digest_of(parts: Mapping[str, Any]) -> Fingerprint:
 
 
 def model_identity(model_config: Any) -> dict[str, Any]:
-    """Name plus every revision vLLM knows (a rolling upgrade at the same path must set one)."""
-    hf = getattr(model_config, "hf_config", None)
+    """Name plus every revision vLLM knows (a rolling upgrade at the same path must set one),
+    and every ``ModelConfig`` field that changes what the model computes (vLLM 0.33's
+    ``vllm.config.model.ModelConfig``; the fields left out are listed in docs/store-format.md)."""
+    m = model_config
+    hf = getattr(m, "hf_config", None)
     return {
-        "model": getattr(model_config, "model", None),
-        "revision": getattr(model_config, "revision", None),
-        "config_revision": getattr(model_config, "_hf_config_revision", None),
+        "model": getattr(m, "model", None),
+        "model_weights": getattr(m, "model_weights", None) or None,
+        "revision": getattr(m, "revision", None),
+        "code_revision": getattr(m, "code_revision", None),
+        "config_revision": getattr(m, "_hf_config_revision", None),
         "commit": getattr(hf, "_commit_hash", None) if hf is not None else None,
-        "quantization": getattr(model_config, "quantization", None),
-        "dtype": getattr(model_config, "dtype", None),
+        "hf_config_path": getattr(m, "hf_config_path", None),
+        "quantization": getattr(m, "quantization", None),
+        "quantization_config": getattr(m, "quantization_config", None),
+        "dtype": getattr(m, "dtype", None),
+        "runner": getattr(m, "runner_type", None),
+        "convert": getattr(m, "convert_type", None),
+        "model_class_overrides": getattr(m, "model_class_overrides", None) or None,
+        "hf_overrides": getattr(m, "hf_overrides", None) or None,
+        "rope": rope_parts(getattr(m, "hf_text_config", None), getattr(m, "max_model_len", None)),
     }
+
+
+#: Text-config attributes that decide RoPE (``transformers_utils.config.patch_rope_parameters``
+#: folds the legacy names into ``rope_parameters``; both forms are read).
+_ROPE_ATTRS = ("rope_parameters", "rope_scaling", "rope_theta", "rotary_emb_base",
+               "partial_rotary_factor", "rotary_pct", "rotary_emb_fraction", "rotary_dim",
+               "rope_local_base_freq", "max_position_embeddings",
+               "original_max_position_embeddings", "position_embedding_type")
+#: Keys vLLM's model code writes into a config's ``rope_parameters`` in place while it builds
+#: the model (``gpt_j.GPTJAttention``: ``partial_rotary_factor`` from ``rotary_dim``): a worker
+#: holds the model, the scheduler does not, so these keys would split the two roles' digests.
+#: Each is derived from an attribute read above.
+_ROPE_DERIVED = frozenset({"partial_rotary_factor"})
+
+
+def rope_parts(hf_text_config: Any, max_model_len: int | None = None) -> dict[str, Any] | None:
+    """The resolved RoPE parameters of a text config (None: no config, e.g. unit tests).
+
+    ``max_model_len`` counts only where it picks the rotation: LongRoPE uses its long factors
+    for every position once ``max_model_len`` exceeds ``original_max_position_embeddings``
+    (vLLM 0.33 ``Phi3LongRoPEScaledRotaryEmbedding.__init__``)."""
+    if hf_text_config is None:
+        return None
+    out: dict[str, Any] = {}
+    longrope = [p for p in _rope_dicts(getattr(hf_text_config, "rope_parameters", None))
+                if p.get("rope_type") == "longrope"]
+    if longrope and max_model_len is not None:
+        out["longrope_long_factors"] = [
+            max_model_len > p.get("original_max_position_embeddings", max_model_len)
+            for p in longrope]
+    for name in _ROPE_ATTRS:
+        try:
+            val = getattr(hf_text_config, name, None)
+        except Exception:  # noqa: BLE001 - a config property that cannot answer: not set
+            val = None
+        if isinstance(val, Mapping) and name in ("rope_parameters", "rope_scaling"):
+            val = _without_derived(val)
+        if val is not None:
+            out[name] = val
+    return out
+
+
+def _rope_dicts(params: Any) -> list[Mapping[str, Any]]:
+    """The rope parameter dicts of a config: one, or one per layer type when nested."""
+    if not isinstance(params, Mapping):
+        return []
+    if params and all(isinstance(v, Mapping) for v in params.values()):
+        return list(params.values())  # nested per layer type (``is_rope_parameters_nested``)
+    return [params]
+
+
+def _without_derived(params: Mapping[str, Any]) -> dict[str, Any]:
+    """``params`` (flat or nested per layer type) without :data:`_ROPE_DERIVED` keys."""
+    return {k: (_without_derived(v) if isinstance(v, Mapping) else v)
+            for k, v in params.items() if k not in _ROPE_DERIVED}
+
+
+#: ``load_format`` values that read the same checkpoint files into the same weights (vLLM 0.33
+#: ``LoadConfig.load_format``): engines on these share keys. ``dummy`` (random weights) and every
+#: other format (gguf, bitsandbytes, mistral, tensorizer, sharded_state, ipc_cache, plugins)
+#: keeps its own name, so it shares only with itself.
+_CHECKPOINT_READERS = frozenset({"auto", "safetensors", "pt", "npcache", "fastsafetensors",
+                                 "instanttensor", "runai_streamer"})
+
+
+def weights_source(load_config: Any) -> str | None:
+    """Where the weights come from: "checkpoint" for the plain readers, else the load format
+    by name (None: no load config, e.g. unit tests)."""
+    if load_config is None:
+        return None
+    fmt = getattr(load_config, "load_format", None)
+    name = getattr(fmt, "value", fmt)
+    name = str(name).lower() if name is not None else "auto"
+    return "checkpoint" if name in _CHECKPOINT_READERS else name
 
 
 #: The value layout (impl/kv_layout.py): per layer, the block's logical [H, N, C] page, kernel
@@ -127,7 +222,11 @@ def layout_parts(vllm_config: Any, kv_cache_config: Any, geo: Any) -> dict[str, 
         groups.append({"spec": spec_parts(g.kv_cache_spec), "layers": names})
     return {
         "model": model_identity(vllm_config.model_config),
+        "weights": weights_source(getattr(vllm_config, "load_config", None)),
         "kv_cache_dtype": getattr(cache, "cache_dtype", None),
+        # Layers kept in the model dtype under a quantized KV cache (their bytes differ).
+        "kv_cache_dtype_skip_layers": sorted(getattr(cache, "kv_cache_dtype_skip_layers", None)
+                                             or []) or None,
         "mamba_cache_dtype": getattr(cache, "mamba_cache_dtype", None),
         "mamba_ssm_cache_dtype": getattr(cache, "mamba_ssm_cache_dtype", None),
         "groups": groups,

@@ -1,18 +1,24 @@
-"""Store keys: which bytes a key names (format ``kv1``, documented in docs/store-format.md).
+"""Store keys: which bytes a key names (format ``kv2``, documented in docs/store-format.md).
 
-    kv1:<namespace>@<fingerprint>@e<epoch>@t<tp rank>p<pp rank>@g<store group>@<prefix hash hex>
+    kv2:<namespace>@<fingerprint>@m<MAC identity>@e<epoch>@t<tp rank>p<pp rank>
+        @g<store group>@<prefix hash hex>      (one line, no spaces)
 
 * ``namespace``: the deployment's choice (engines that should share KV use the same one);
 * ``fingerprint``: :mod:`tailproof.impl.fingerprint` -- model identity, dtypes, layer layout,
   parallel sizes, prefix-hash algorithm and seed, block geometry -- so engines whose bytes are
   not interchangeable never share a key (a load across a difference is a miss);
+* ``MAC identity``: ``0`` without a secret, else 16 hex digits derived from it
+  (``value_format.mac_identity``): engines on different secrets address different keys, so
+  they never read -- nor, failing to verify, remove -- each other's values. A rotation moves
+  an engine to fresh keys (a cold cache for it; the old values age out, untouched);
 * ``epoch``: ``0`` from start-up; a prefix-cache reset moves this engine to a fresh random epoch,
   which makes its earlier keys unreachable *for it* without touching anyone else's keys;
 * ``t..p..``: the tensor- and pipeline-parallel rank of the shard (separately: TP=2 rank 1 and
   PP=2 rank 1 are different bytes);
 * the store group and vLLM's chained prefix hash (a content address of the token prefix).
 
-The ``kv1`` prefix is the key format version: a later format never reads these keys.
+The ``kv2`` prefix is the key format version: a later format never reads these keys (``kv1``
+keys had no MAC identity; their values, header format 1, are never read).
 """
 
 from __future__ import annotations
@@ -21,33 +27,36 @@ import re
 import secrets
 from dataclasses import dataclass
 
-KEY_FORMAT = "kv1"
+KEY_FORMAT = "kv2"
 INITIAL_EPOCH = "0"
+UNSIGNED = "0"  # the MAC identity of an engine without a secret
 _KEY_RE = re.compile(
-    r"^kv1:(?P<ns>[^@]+)@(?P<fp>[0-9a-f]+)@e(?P<epoch>[0-9a-f]+)"
+    r"^kv2:(?P<ns>[^@]+)@(?P<fp>[0-9a-f]+)@m(?P<mac>0|[0-9a-f]{16})@e(?P<epoch>[0-9a-f]+)"
     r"@t(?P<tp>\d+)p(?P<pp>\d+)@g(?P<group>\d+)@(?P<hash>[0-9a-f]+)$")
 
 
 @dataclass(frozen=True)
 class KeySpace:
-    """One engine's keys: namespace, layout fingerprint and tensor-parallel size.
+    """One engine's keys: namespace, layout fingerprint, tensor-parallel size, MAC identity.
 
     Worker ranks are vLLM's ``tp_rank + pp_rank * tp_size`` (see ``connector._rank``)."""
 
     namespace: str
     fingerprint: str
     tp_size: int = 1
+    mac_identity: str = UNSIGNED  # ``value_format.mac_identity_text`` of the engine's secret
 
     def key(self, rank: int, group: int, block_hash: bytes, epoch: str = INITIAL_EPOCH) -> str:
         tp, pp = rank % self.tp_size, rank // self.tp_size
-        return (f"{KEY_FORMAT}:{self.namespace}@{self.fingerprint}@e{epoch}@t{tp}p{pp}"
-                f"@g{group}@{block_hash.hex()}")
+        return (f"{KEY_FORMAT}:{self.namespace}@{self.fingerprint}@m{self.mac_identity}"
+                f"@e{epoch}@t{tp}p{pp}@g{group}@{block_hash.hex()}")
 
 
 @dataclass(frozen=True)
 class ParsedKey:
     namespace: str
     fingerprint: str
+    mac_identity: str
     epoch: str
     tp_rank: int
     pp_rank: int
@@ -56,12 +65,12 @@ class ParsedKey:
 
 
 def parse_key(key: str) -> ParsedKey:
-    """The fields of a ``kv1`` key; ValueError for anything else (e.g. an older format)."""
+    """The fields of a ``kv2`` key; ValueError for anything else (e.g. an older format)."""
     m = _KEY_RE.match(key)
     if m is None:
         raise ValueError(f"not a {KEY_FORMAT} store key: {key!r}")
-    return ParsedKey(m["ns"], m["fp"], m["epoch"], int(m["tp"]), int(m["pp"]), int(m["group"]),
-                     bytes.fromhex(m["hash"]))
+    return ParsedKey(m["ns"], m["fp"], m["mac"], m["epoch"], int(m["tp"]), int(m["pp"]),
+                     int(m["group"]), bytes.fromhex(m["hash"]))
 
 
 def new_epoch() -> str:

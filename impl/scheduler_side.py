@@ -45,6 +45,7 @@ from typing import Any
 
 from tailproof.impl.config import Settings, StoreGeometry
 from tailproof.impl.junctions import JunctionIndex
+from tailproof.impl.keys import INITIAL_EPOCH
 from tailproof.impl.lookup import StoreLookup
 from tailproof.impl.meta import (
     BoundaryPut,
@@ -114,6 +115,9 @@ class SchedulerSide:
         self.num_workers = num_workers
         self.metrics = metrics or SchedulerMetrics()
         self.pool: Any = None
+        # The key epoch (``keys.KeySpace``): every load and store job is stamped with the epoch
+        # its KV belongs to; a prefix-cache reset moves it (:meth:`move_epoch`).
+        self.epoch = INITIAL_EPOCH
         self.next_store_job_id = 0
         self.pinned_saves: dict[int, tuple[list[int], int]] = {}  # job -> (block ids, ranks left)
         self.load_specs: dict[str, LoadSpec] = {}
@@ -276,6 +280,9 @@ class SchedulerSide:
                 if table is None:
                     raise AssertionError(f"no current block table for store request {s.req_id}")
                 s.block_ids = tuple(list(table[g]) for g in self.geo.core_group_ids)
+        # Finish-time jobs were stamped when their KV was taken (_stamp); the rest now.
+        late = {id(j) for j in (*self.finished_partial_tails.values(),
+                                *self.finished_turn_ends.values())}
         pending.extend(self.finished_partial_tails.values())
         self.finished_partial_tails.clear()
         pending.extend(self.finished_turn_ends.values())
@@ -286,6 +293,9 @@ class SchedulerSide:
             self._take_snapshots(so, state, meta)
         if extension and self.junction_targets and state is not None:
             self._junction_jobs(state, meta)
+        for job in (*meta.loads, *meta.stores):
+            if id(job) not in late:
+                job.epoch = self.epoch
         self._step_end = {}
         return meta
 
@@ -511,7 +521,7 @@ class SchedulerSide:
                                      request.num_computed_tokens)
             if rid in self.finished_turn_ends:
                 raise AssertionError(f"{rid}: second turn-end flush")
-            self.finished_turn_ends[rid] = job
+            self.finished_turn_ends[rid] = self._stamp(job)
         else:
             self.metrics.c.inc("turn_end_not_flushed")
         self.release_snapshot(rid)
@@ -800,8 +810,14 @@ class SchedulerSide:
         s.store_job_id = self._take_pins(list(dict.fromkeys(p.block_id for p in s.boundary_puts)))
         if self._track_inflight:
             self._register_inflight(s)
-        self.finished_partial_tails[rid] = s
+        self.finished_partial_tails[rid] = self._stamp(s)
         return False
+
+    def _stamp(self, job: StoreJob) -> StoreJob:
+        """A finish-time job is emitted with a later meta, but its KV is this epoch's: a reset
+        in between must not publish it under the new epoch."""
+        job.epoch = self.epoch
+        return job
 
     def update_connector_output(self, worker_meta: Any, failed_recving: Iterable[str] = ()) -> None:
         """Release the pins of every store job all workers have finished (exactly once), and
@@ -833,3 +849,25 @@ class SchedulerSide:
     def reset(self) -> None:
         """Forget pending loads (the store is being emptied); pins stay with their jobs."""
         self.load_specs.clear()
+
+    def reset_refusal(self) -> str | None:
+        """Why a prefix-cache reset must fail now (None: it may proceed): a GPU block still in
+        use -- vLLM's own condition (``BlockPool.reset_prefix_cache``), which also covers every
+        store job's pins -- holds KV computed before the reset, which a later save would
+        publish under the new epoch. Without a bound pool: store jobs still pending."""
+        pool = self.pool
+        if pool is not None:
+            used = pool.num_gpu_blocks - pool.get_num_free_blocks() - 1  # the null block
+            if used > 0:
+                return f"{used} GPU block(s) still in use"
+        pending = (len(self.pinned_saves) + len(self.finished_partial_tails)
+                   + len(self.finished_turn_ends))
+        if pending:
+            return f"{pending} store job(s) still pending"
+        return None
+
+    def move_epoch(self, epoch: str) -> None:
+        """Move to a fresh key epoch: lookups and jobs built from now on use it."""
+        self.epoch = epoch
+        if self.lookup_client is not None:
+            self.lookup_client.epoch = epoch

@@ -1,4 +1,4 @@
-"""Self-describing store values (format version 1, documented in docs/store-format.md).
+"""Self-describing store values (format version 2, documented in docs/store-format.md).
 
 Why: a key says which bytes a load wants; the value must prove it holds them before a single
 byte reaches the KV cache. Each value is one *slot*: a fixed 128-byte header, then the payload
@@ -14,13 +14,22 @@ byte reaches the KV cache. Each value is one *slot*: a fixed 128-byte header, th
     24     8     layout fingerprint (``fingerprint.Fingerprint.raw``)
     32     16    BLAKE2b-128 of the store key (a value copied under another key fails)
     48     16    XXH3-128 of the payload
-    64     32    keyed BLAKE2b-256 of bytes [0, 64) and the payload (flag bit 0), else zeros
-    96     32    reserved (zeros)
+    64     32    keyed BLAKE2b-256 of bytes [0, 64), the MAC identity and the payload
+                 (flag bit 0), else zeros
+    96     8     MAC identity (:func:`mac_identity`: derived from the secret; zeros unsigned)
+    104    24    reserved (zeros)
 
 :meth:`ValueCodec.verify` checks every field; a mismatch is a failed load, reported by kind
 (:data:`FAILURE_KINDS`). The checksum catches corruption and accidental mix-ups; only the MAC
 (a secret shared by the engines of one trust domain, from the environment) stops a writer that
 is not trusted -- see docs/security.md.
+
+One rule for every failure (docs/store-format.md, "Verification"): the value is never served.
+A value made under another MAC identity (kind ``identity``) is one this engine merely cannot
+verify: a miss, never removed. Every other kind is proof the value is not what its key names
+(:func:`is_corrupt`): the caller removes it so the next save rewrites it. The MAC identity is
+also in every key (``keys.KeySpace``), so engines on different secrets address different keys
+and never read, let alone remove, each other's values.
 """
 
 from __future__ import annotations
@@ -34,16 +43,19 @@ import numpy as np
 import xxhash
 
 MAGIC = b"TPKV"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 HEADER_BYTES = 128
 FLAG_MAC = 1
 _PREFIX = struct.Struct("<4sHHIIQ8s16s16s")  # bytes [0, 64): everything the MAC also covers
 _MAC_AT, _MAC_BYTES = 64, 32
+_ID_AT, ID_BYTES = 96, 8
 #: Environment variable holding the MAC secret (never read from the config file).
 SECRET_ENV = "TAILPROOF_STORE_SECRET"
 MIN_SECRET_BYTES = 16
 #: Why a loaded value was rejected (metrics ``verify_fail_<kind>``).
-FAILURE_KINDS = ("format", "length", "fingerprint", "key", "checksum", "mac")
+FAILURE_KINDS = ("format", "length", "identity", "fingerprint", "key", "checksum", "mac")
+#: Kinds that do not prove a value corrupt (another engine's secret): a miss, never removed.
+UNVERIFIABLE_KINDS = frozenset({"identity"})
 
 assert _PREFIX.size == _MAC_AT
 
@@ -62,6 +74,26 @@ def secret_from_env(env: dict[str, str] | None = None) -> bytes | None:
         raise SecretError(f"{SECRET_ENV} must hold at least {MIN_SECRET_BYTES} bytes, "
                           f"got {len(secret)}")
     return secret
+
+
+def mac_identity(secret: bytes | None) -> bytes:
+    """The 8-byte MAC identity of a secret (zeros: no secret): a keyed BLAKE2b of nothing, so
+    it names the secret without revealing it (finding a secret from it is as hard as from a
+    MAC). Engines share values exactly when they share the identity."""
+    if not secret:
+        return bytes(ID_BYTES)
+    return hashlib.blake2b(key=secret, digest_size=ID_BYTES, person=b"tailproof-mid1").digest()
+
+
+def mac_identity_text(secret: bytes | None) -> str:
+    """The MAC identity as it appears in a key: ``0`` unsigned, else 16 hex digits."""
+    return mac_identity(secret).hex() if secret else "0"
+
+
+def is_corrupt(kind: str) -> bool:
+    """True when a failure of this kind proves the value is not what its key names (remove
+    it); False for a value this engine merely cannot verify (keep it: a miss)."""
+    return kind not in UNVERIFIABLE_KINDS
 
 
 def key_digest(key: str) -> bytes:
@@ -88,11 +120,13 @@ class ValueCodec:
         self.fingerprint = fingerprint
         self.secret = secret
         self.flags = FLAG_MAC if secret else 0
+        self.identity = mac_identity(secret)
 
     def _mac(self, prefix: bytes | np.ndarray, payload: np.ndarray) -> bytes:
         assert self.secret is not None
-        m = hashlib.blake2b(key=self.secret, digest_size=_MAC_BYTES, person=b"tailproof-kv1")
+        m = hashlib.blake2b(key=self.secret, digest_size=_MAC_BYTES, person=b"tailproof-kv2")
         m.update(prefix)
+        m.update(self.identity)
         m.update(payload)
         return m.digest()
 
@@ -106,13 +140,15 @@ class ValueCodec:
         s[:_MAC_AT] = np.frombuffer(prefix, np.uint8)
         mac = self._mac(prefix, payload) if self.secret else bytes(_MAC_BYTES)
         s[_MAC_AT : _MAC_AT + _MAC_BYTES] = np.frombuffer(mac, np.uint8)
-        s[_MAC_AT + _MAC_BYTES : HEADER_BYTES] = 0
+        s[_ID_AT : _ID_AT + ID_BYTES] = np.frombuffer(self.identity, np.uint8)
+        s[_ID_AT + ID_BYTES : HEADER_BYTES] = 0
 
     def verify(self, key: str, slot: Any) -> str | None:
         """None if ``slot`` is a valid value of ``key`` for this engine, else the failure kind.
 
         Checks, in order: magic and version (an older or foreign format reads as "format"),
-        payload length, fingerprint, key, checksum, MAC."""
+        payload length, MAC identity (another secret's value: "identity", see
+        :func:`is_corrupt`), fingerprint, key, checksum, MAC."""
         s = _as_u8(slot)
         if s.nbytes < HEADER_BYTES:
             return "length"
@@ -122,6 +158,8 @@ class ValueCodec:
         payload = s[HEADER_BYTES:]
         if length != payload.nbytes:
             return "length"
+        if bytes(s[_ID_AT : _ID_AT + ID_BYTES]) != self.identity:
+            return "identity"
         if fp != self.fingerprint:
             return "fingerprint"
         if kd != key_digest(key):

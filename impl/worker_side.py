@@ -36,10 +36,12 @@ a shared body would compare a function with itself. Pure arithmetic is shared in
   skipped; later jobs of skipped requests put nothing until any fully successful put batch
   clears the gate (Mooncake's ``_store_pressure_active`` / ``_skip_store_requests``);
 * values (``value_format``): every put writes a header (fingerprint, key, length, checksum,
-  optional MAC) in front of the block's bytes, in the same buffer the block was copied into;
-  every get verifies it before the first block is written. A value that fails is a failed
-  load, counted by kind (``verify_fail_<kind>``) and removed from the store, so the next save
-  rewrites it.
+  MAC identity, optional MAC) in front of the block's bytes, in the same buffer the block was
+  copied into; every get verifies it before the first block is written. One rule for every
+  failure (size, header, checksum, MAC): the load fails and the value is never served; a
+  value proven corrupt (the store's ``WRONG_SIZE``, or ``value_format.is_corrupt``) is
+  removed, so the next save rewrites it (write-once ``exists`` no longer finds it); a value
+  made under another MAC identity is only a miss and stays (``_reject``).
 """
 
 from __future__ import annotations
@@ -62,7 +64,13 @@ from tailproof.impl.kv_layout import KVLayout
 from tailproof.impl.meta import LoadJob, StoreJob, TailproofMeta, TailproofWorkerMeta
 from tailproof.impl.metrics import WorkerMetrics
 from tailproof.impl.stores import Status, Store
-from tailproof.impl.value_format import HEADER_BYTES, ValueCodec, slot_nbytes
+from tailproof.impl.value_format import (
+    HEADER_BYTES,
+    ValueCodec,
+    is_corrupt,
+    mac_identity_text,
+    slot_nbytes,
+)
 from tailproof.spec.arithmetic import NULL_BLOCK_ID, cdiv
 
 logger = logging.getLogger(__name__)
@@ -100,7 +108,7 @@ class WorkerSide:
         *, manual: bool = False,
     ):
         fp = fingerprint or geometry_fingerprint(geo)
-        self.keys = KeySpace(settings.namespace, fp.digest, tp_size)
+        self.keys = KeySpace(settings.namespace, fp.digest, tp_size, mac_identity_text(secret))
         self.codec = ValueCodec(fp.raw, secret)
         self.settings = settings
         self.geo = geo
@@ -320,19 +328,29 @@ class WorkerSide:
         with self.pool.take(sum(sizes)) as buf:
             outs = self.store.read_batch(keys, sizes, consume, staging=buf.numpy())
         self.metrics.record_batch("get", outs, sum(o.nbytes for o in outs if o.ok))
+        # A value of the wrong size never reached ``consume``: the store proved it bad.
+        bad.extend((k, "length") for k, o in zip(keys, outs, strict=True)
+                   if o.status is Status.WRONG_SIZE)
         if bad:
             self._reject(bad)
             return False
         return bool(outs) and all(o.ok for o in outs)
 
     def _reject(self, bad: list[tuple[str, str]]) -> None:
-        """Count and remove values that failed verification (the next save rewrites them, so
-        one bad value cannot fail its prefix forever)."""
+        """The one rule for values that failed verification (docs/store-format.md): count each
+        by kind; remove those proven corrupt, so the next save rewrites them and one bad value
+        cannot fail its prefix forever; keep those this engine merely cannot verify (another
+        secret's): a miss, never a deletion of another engine's valid value."""
         for _, kind in bad:
             self.metrics.c.inc(f"verify_fail_{kind}")
-        logger.warning("rejected %d stored value(s) failing verification, e.g. %s",
-                       len(bad), bad[0][0])
-        self.metrics.c.inc("verify_removed", self.store.remove([k for k, _ in bad]))
+        corrupt = [k for k, kind in bad if is_corrupt(kind)]
+        kept = len(bad) - len(corrupt)
+        logger.warning("rejected %d stored value(s) failing verification (%d corrupt, %d of "
+                       "another MAC identity), e.g. %s", len(bad), len(corrupt), kept, bad[0][0])
+        if kept:
+            self.metrics.c.inc("verify_kept_unverifiable", kept)
+        if corrupt:
+            self.metrics.c.inc("verify_removed", self.store.remove(corrupt))
 
     # ------------------------------------------------------------------ saves
 

@@ -194,9 +194,29 @@ def close_shared_stores() -> None:
         store.close()
 
 
-def _close_workers(workers: list[WorkerSide]) -> None:
+def _release(workers: list[WorkerSide], store: Store | None) -> None:
+    """Stop every rank's threads (queued jobs are reported, never run: a finished trace does
+    no more store I/O), release their staging pools and drop their KV tensors; close the
+    trace's own store (a per-trace memory store; never the shared Mooncake client)."""
     for ws in workers:
         ws.close(timeout=0.0)
+    workers.clear()
+    if store is not None:
+        store.close()
+
+
+class _WeakVerify:
+    """The adapter's put check, held weakly by the store: the store lives as long as the
+    workers' threads, and a strong reference from it would keep the adapter -- and through
+    it the trace's tensors and threads -- alive for ever (the finalizer's arguments)."""
+
+    def __init__(self, adapter: ImplConnector) -> None:
+        self.ref = weakref.ref(adapter)
+
+    def __call__(self, key: str, tag: Tag, buf: Any) -> None:
+        adapter = self.ref()
+        if adapter is not None:
+            adapter._verify_put(key, tag, buf)
 
 
 class ImplConnector(ConnectorAdapter):
@@ -238,7 +258,8 @@ class ImplConnector(ConnectorAdapter):
         # wait for the step's forward (the commits after the conn_step; see step_starts).
         self.last_snapshots: list[Any] = []
         self.pending_snapshots: list[Any] = []
-        self.store = ScriptedStore(_inner_store(kind, extra), self._verify_put, n)
+        inner = _inner_store(kind, extra)
+        self.store = ScriptedStore(inner, _WeakVerify(self), n)
         self.keys = KeySpace(ns, geometry_fingerprint(geo).digest, n)
         self.lookup_client = StoreLookup(geo, self.coord, self.store.exists, self.keys, n)
         self.sched = SchedulerSide(self.settings, geo, self.lookup_client, n)
@@ -260,10 +281,22 @@ class ImplConnector(ConnectorAdapter):
                             manual=True)
             ws.register_kv_caches(runner.kv, runner.layer_names)
             self.workers.append(ws)
-        # The workers' threads outlive a trace unless stopped: stop them with the adapter
-        # (queued jobs are reported, never run, so a finished trace does no more store I/O).
-        weakref.finalize(self, _close_workers, list(self.workers))
+        # The workers' threads outlive a trace unless stopped: ``close`` (the driver's, at
+        # the end of every replay) stops them; the finalizer does it for a caller that never
+        # closes. Its arguments must not reach ``self`` (_WeakVerify), or it never runs.
+        self._release = weakref.finalize(self, _release, list(self.workers),
+                                         None if kind == "mooncake" else inner)
         core_backend.observer = self
+
+    def close(self) -> None:
+        """The trace is over: release everything it allocated (threads, staging, KV tensors,
+        its memory store) now, not when the garbage collector gets to it. Idempotent."""
+        self._release()
+        self.workers = []
+        self.runners = []
+        self.job_tokens.clear()
+        if getattr(self.core, "observer", None) is self:
+            self.core.observer = None
 
     # --- KV simulation (KVObserver): forwards on commit, CoW copies when queued ----------
 

@@ -5,7 +5,8 @@ replacement, written the way a reviewer of these modules would expect bugs to lo
 off-by-one at a boundary, a missed copy-on-write, a pin released early, a key left mapped after
 eviction, clipping skipped, a null block accepted, a fixed point stopped early, an EAGLE margin
 applied to the wrong group. Some re-introduce fixed upstream bugs (``upstream``): #43559 (in
-the core coordinator and in the store's copy of its fixed point), #51766, #52832 and #33775.
+the core coordinator and in the store's copy of its fixed point), #49502, #50359, #51358,
+#51766, #52832, #54360 and #33775 (``conformance/history`` lists them with their cases).
 A mutant that cannot change behaviour carries the reason in ``equivalent``; it is reported,
 not scored.
 """
@@ -157,7 +158,9 @@ MUTANTS: list[Mutant] = [
     _m("ki-ck-eagle-no-drop", KI, "get_mamba_prefill_checkpoint_position",
        "if drop_eagle_block:\n        checkpoint_position -= hash_block_size",
        "if False:\n        checkpoint_position -= hash_block_size",
-       "the EAGLE checkpoint is not moved one hash unit down"),
+       "the EAGLE checkpoint is not moved one hash unit down",
+       upstream="#54360 (MTP/DFlash zero hybrid hits for some prompt lengths; #52244's "
+                "mechanism: the tail state published where the EAGLE-rewound lookup misses it)"),
     # --- single-type managers: base / full attention -----------------------------------------
     _m("st-cow-block-not-reserved", ST, "SingleTypeKVCacheManager.get_num_blocks_to_allocate",
        "num_new_blocks += 1", "num_new_blocks += 0",
@@ -293,6 +296,12 @@ MUTANTS: list[Mutant] = [
     _m("m-skips-last-state", ST, "MambaManager.get_num_skipped_tokens",
        "return num_computed_tokens - 1", "return num_computed_tokens",
        "the state of the last computed token counts as skipped"),
+    _m("m-49502-tail-only-on-cow", ST, "MambaManager.finalize_partial_tail_offload",
+       "if num_in_flight_tokens != 0 or num_computed_tokens != boundary_tokens:",
+       "if True:",
+       "a producer's partial-tail marker becomes a hand-off only on a later CoW: a request "
+       "that finishes at its checkpoint (max_tokens=1) drops it at free",
+       upstream="#49502 (reliable partial-tail offload for sub-block prompts, max_tokens=1)"),
     _m("m-finalize-ignores-in-flight", ST, "MambaManager.finalize_partial_tail_offload",
        "if num_in_flight_tokens != 0 or num_computed_tokens != boundary_tokens:",
        "if num_computed_tokens != boundary_tokens:",
@@ -503,6 +512,11 @@ MUTANTS: list[Mutant] = [
        "if drop_eagle_block and not isinstance(spec, MambaSpec):", "if drop_eagle_block:",
        "the store lookup gives an EAGLE Mamba group the margin it never drops",
        upstream="#43559 (MTP + prefix caching + Mamba accuracy drop), store-side copy"),
+    _m("mco-51358-positional-mamba-save", MCO, "MooncakeStoreCoordinator.store_mask",
+       "exclude_mamba=True", "exclude_mamba=False",
+       "the normal save resolves Mamba sources positionally from the append-only block-id "
+       "mirror (null, freed or speculative blocks saved under a valid hash)",
+       upstream="#51358 (Save exact Mamba boundary states)"),
     _m("mco-lookup-length-unaligned", MCO, "MooncakeStoreCoordinator.align_lookup_length",
        "return length // alignment * alignment", "return length",
        "the store lookup length is not floored to the hit alignment"),
@@ -558,6 +572,12 @@ MUTANTS: list[Mutant] = [
        "if all(res[pos + j] == 1 for j in range(count)):",
        "if any(res[pos + j] == 1 for j in range(count)):",
        "a key counts as present when any rank's shard is"),
+    _m("mw-50359-tail-key-at-hit", MW, "MooncakeStoreWorker._tail_key_boundaries",
+       "if not contains_hit_boundary:\n            next_chunk_hash_idx", "if False:\n"
+       "            next_chunk_hash_idx",
+       "a reconciled hit inside a group's block names that group's key at the hit itself, "
+       "which no object has (FA stored at 32/64, Mamba at 32/48: the hit 48 is not loadable)",
+       upstream="#50359 (Revalidate exact partial-hash hit boundaries; port #52272)"),
     _m("mw-tail-key-skips-next", MW, "MooncakeStoreWorker._tail_key_boundaries",
        "for hash_idx in range(hit_boundary_hash_idx + 1, next_chunk_hash_idx):",
        "for hash_idx in range(hit_boundary_hash_idx + 2, next_chunk_hash_idx):",

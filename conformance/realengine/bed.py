@@ -191,19 +191,9 @@ def _dispatch(llm: Any, op: str, payload: Any) -> Any:
         fn, args, kwargs = payload
         return fn(llm, *args, **kwargs)
     if op == "worker":
-        return llm.collective_rpc(_WorkerCall(*payload))
+        fn, args = payload
+        return llm.collective_rpc(fn, args=tuple(args))
     raise ValueError(f"unknown test-bed request {op!r}")
-
-
-@dataclass(frozen=True)
-class _WorkerCall:
-    """``fn(worker, *args)``, picklable for ``collective_rpc`` (a module-level callable)."""
-
-    fn: Callable[..., Any]
-    args: tuple[Any, ...]
-
-    def __call__(self, worker: Any) -> Any:
-        return self.fn(worker, *self.args)
 
 
 def _generate(llm: Any, prompts: list[list[int]], max_tokens: int) -> list[Completion]:

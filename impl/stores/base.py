@@ -46,7 +46,9 @@ class Status(enum.Enum):
     EXISTS = "exists"  # put only: key already stored; the existing value is kept (write-once)
     STORE_FULL = "store_full"  # put: no space (Mooncake -200 NO_AVAILABLE_HANDLE)
     MISS = "miss"  # get: key not stored (or evicted); buffer contents are garbage
-    TOO_LARGE = "too_large"  # value larger than the store / the buffer can ever hold
+    TOO_LARGE = "too_large"  # put: value larger than the store can ever hold
+    WRONG_SIZE = "wrong_size"  # get: the stored value's size is not the buffer's (proof the
+    #                            value is not the one its key names: the caller removes it)
     ERROR = "error"  # anything else (store unreachable, transfer failure, size mismatch, closed)
     TIMEOUT = "timeout"  # the store did not answer within its bounded timeout
 
@@ -94,6 +96,10 @@ class Outcome:
     @classmethod
     def too_large(cls, code: int = 0, message: str = "value too large") -> Outcome:
         return cls(Status.TOO_LARGE, 0, code, message)
+
+    @classmethod
+    def wrong_size(cls, code: int = 0, message: str = "stored size differs") -> Outcome:
+        return cls(Status.WRONG_SIZE, 0, code, message)
 
     @classmethod
     def error(cls, code: int = 0, message: str = "error") -> Outcome:
@@ -148,9 +154,10 @@ class Store(abc.ABC):
     * ``put_batch`` is write-once: an existing key answers ``EXISTS`` and keeps its value
       (keys are content hashes, so equal keys mean equal bytes).
     * ``get_batch`` fills caller-provided buffers. ``OK`` means the buffer now holds exactly the
-      stored value, whose size equals ``len(buffer)`` in bytes. A stored value larger than the
-      buffer answers ``TOO_LARGE``; a smaller one ``ERROR`` (size mismatch). On any non-OK
-      outcome the buffer content is unspecified and must not be used.
+      stored value, whose size equals ``len(buffer)`` in bytes. A stored value larger or
+      smaller than the buffer answers ``WRONG_SIZE`` (the connector's values have one size per
+      key, so that is proof of a bad value: it removes it). On any non-OK outcome the buffer
+      content is unspecified and must not be used.
     * No call raises for a per-key failure, and no call blocks beyond the store's bounded
       timeout. Calls after ``close()`` answer ``ERROR`` (never crash). Programming errors
       (mismatched list lengths, a non-contiguous buffer) raise ``ValueError``/``TypeError``.

@@ -278,10 +278,8 @@ class MemoryStore(Store):
         val = self._data.get(key)
         if val is None:
             return Outcome.miss(), None
-        if val.nbytes > n:
-            return Outcome.too_large(message=f"stored {val.nbytes} bytes > buffer {n}"), None
         if val.nbytes != n:
-            return Outcome.error(message=f"size mismatch: stored {val.nbytes}, buffer {n}"), None
+            return Outcome.wrong_size(message=f"stored {val.nbytes} bytes, buffer {n}"), None
         self._data.move_to_end(key)  # a read refreshes recency, like a Mooncake lease
         self._leases[id(val)] = self._leases.get(id(val), 0) + 1
         return Outcome.success(val.nbytes), val

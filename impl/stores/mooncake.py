@@ -339,9 +339,9 @@ class MooncakeStore(Store):
         if code == size:
             return Outcome.success(size)
         if code >= 0:  # fewer bytes stored than the buffer holds: the tail is stale
-            return Outcome.error(message=f"size mismatch: stored {code}, buffer {size}")
+            return Outcome.wrong_size(message=f"stored {code} bytes, buffer {size}")
         if code == INVALID_PARAMS:  # "User buffer too small" is the only -600 of get_into
-            return Outcome.too_large(code, f"stored value larger than buffer ({size} bytes)")
+            return Outcome.wrong_size(code, f"stored value larger than buffer ({size} bytes)")
         return _outcome_for(code)
 
     def remove(self, keys: Sequence[str]) -> int:

@@ -24,7 +24,7 @@ from tailproof.conformance.capture import engine as capture_engine  # noqa: E402
 from tailproof.conformance.capture import tiny_hybrid  # noqa: E402
 from tailproof.conformance.capture.workers import StepLog, WorkerRanks  # noqa: E402
 
-__all__ = ["GROUPS", "Engine", "StepLog", "kv_cache_config", "vllm_config"]
+__all__ = ["GROUPS", "Engine", "StepLog", "cache_block_size", "kv_cache_config", "vllm_config"]
 
 GROUPS = (("full_attention", 16), ("mamba", 16))
 
@@ -63,6 +63,17 @@ def vllm_config(extra: dict[str, Any], kv_role: str = "kv_both", h: int = 4,
                       scheduler_config=sc)
 
 
+def cache_block_size(groups: tuple[tuple[str, int], ...]) -> int:
+    """``CacheConfig.block_size`` vLLM 0.33 runs these groups with: the Mamba block when there
+    is a Mamba group (``MambaModelConfig.verify_and_update_config`` sets ``mamba_block_size``
+    from it, and ``Scheduler._mamba_block_aligned_split`` aligns chunks to it), else the
+    smallest block. With 16-token attention blocks under 1,024-token Mamba blocks, 16 would
+    split prefill chunks off the Mamba grid, so no Mamba state lands on it and no prefix hits
+    locally."""
+    mamba = [b for kind, b in groups if kind == "mamba"]
+    return max(mamba) if mamba else min(b for _, b in groups)
+
+
 def kv_cache_config(num_blocks: int, groups: tuple[tuple[str, int], ...], h: int) -> Any:
     """The capture engine's ``KVCacheConfig`` with two layers per group (the workers' tensors
     then hold several layers per block)."""
@@ -92,7 +103,7 @@ class Engine:
         self.settle = settle
         self.h = h
         self.groups = groups
-        self.vc = vllm_config(extra or {"store": "memory"}, kv_role, h, min(b for _, b in groups),
+        self.vc = vllm_config(extra or {"store": "memory"}, kv_role, h, cache_block_size(groups),
                               max_batched, failure_policy, max_model_len)
         self.vc.cache_config.num_gpu_blocks = num_blocks
         self.kvc = kv_cache_config(num_blocks, groups, h)

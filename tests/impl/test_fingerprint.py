@@ -45,11 +45,46 @@ def _set(obj: Any, **attrs: Any) -> Any:
     return out
 
 
+def _model(**kw: Any) -> Any:
+    """A real ``ModelConfig`` of the tiny model (vLLM resolves ``hf_overrides`` into it)."""
+    from vllm.config import ModelConfig
+
+    from tailproof.conformance.capture import tiny_hybrid
+
+    tiny_hybrid.register()
+    return ModelConfig(model=str(tiny_hybrid.MODEL_DIR), skip_tokenizer_init=True,
+                       dtype="float32", max_model_len=4096, **kw)
+
+
 def _variant(name: str, monkeypatch: pytest.MonkeyPatch) -> Fingerprint:
+    from vllm.config import LoadConfig
+
     vc, kvc, geo = _base()
     model, cache, par = vc.model_config, vc.cache_config, vc.parallel_config
+    load = LoadConfig()
     if name == "same model again":
         pass
+    elif name == "hf_overrides rope_theta":
+        model = _model(hf_overrides={"rope_theta": 500000.0})
+    elif name == "rope_theta from the config file":
+        # The same RoPE change reached without hf_overrides (another config.json at the
+        # same path): the resolved text config is what counts, not where it came from.
+        model = copy.copy(model)
+        text = copy.copy(model.hf_text_config)
+        text.rope_parameters = {"rope_type": "default", "rope_theta": 500000.0}
+        object.__setattr__(model, "hf_text_config", text)
+    elif name == "rope_scaling":
+        model = _model(hf_overrides={"rope_scaling": {"rope_type": "linear", "factor": 2.0}})
+    elif name == "other hf_overrides":
+        model = _model(hf_overrides={"rms_norm_eps": 1e-5})
+    elif name == "load_format dummy":
+        load = LoadConfig(load_format="dummy")
+    elif name == "load_format gguf":
+        load = LoadConfig(load_format="gguf")
+    elif name == "model_weights":
+        model = _set(model, model_weights="s3://bucket/other-weights")
+    elif name == "code revision":
+        model = _set(model, code_revision="abc123")
     elif name == "model path":
         model = _set(model, model="/models/other")
     elif name == "revision":
@@ -58,6 +93,8 @@ def _variant(name: str, monkeypatch: pytest.MonkeyPatch) -> Fingerprint:
         model = _set(model, dtype=torch.bfloat16)
     elif name == "kv cache dtype":
         cache = _set(cache, cache_dtype="fp8")
+    elif name == "kv cache skip layers":
+        cache = _set(cache, kv_cache_dtype_skip_layers=["model.layers.1.attn"])
     elif name == "mamba ssm dtype":
         cache = _set(cache, mamba_ssm_cache_dtype="float32")
     elif name == "layer names":
@@ -81,13 +118,17 @@ def _variant(name: str, monkeypatch: pytest.MonkeyPatch) -> Fingerprint:
         geo = replace(geo, block_sizes=(32, 32), lcm_block_size=32)
     else:
         raise AssertionError(name)
-    ns = SimpleNamespace(model_config=model, cache_config=cache, parallel_config=par)
+    ns = SimpleNamespace(model_config=model, cache_config=cache, parallel_config=par,
+                         load_config=load)
     return fingerprint_from_vllm(ns, kvc, geo)
 
 
-DIFFERENCES = ["model path", "revision", "dtype", "kv cache dtype", "mamba ssm dtype",
+DIFFERENCES = ["model path", "revision", "dtype", "kv cache dtype", "kv cache skip layers",
+               "mamba ssm dtype",
                "layer names", "tensor shape", "tp size", "pp size", "hash algorithm",
-               "hash seed", "h", "block size"]
+               "hash seed", "h", "block size", "hf_overrides rope_theta",
+               "rope_theta from the config file", "rope_scaling", "other hf_overrides",
+               "load_format dummy", "load_format gguf", "model_weights", "code revision"]
 
 
 def _worker(store: MemoryStore, fp: Fingerprint) -> tuple[WorkerSide, SimRunner]:
@@ -125,6 +166,79 @@ def _save_then_load(fp_writer: Fingerprint, fp_reader: Fingerprint) -> tuple[boo
 def test_same_model_twice_shares_keys_and_loads(monkeypatch: pytest.MonkeyPatch) -> None:
     a, b = _variant("same model again", monkeypatch), _variant("same model again", monkeypatch)
     assert a.digest == b.digest and len(a.digest) == 16
+    ok, (_, rrun, ctab), _ = _save_then_load(a, b)
+    assert ok and rrun.check("B", TOKENS, 0, 44, ctab) == []
+
+
+def test_rope_overrides_reach_the_fingerprint_resolved() -> None:
+    """vLLM resolves ``hf_overrides`` into the text config; the digest reads it there."""
+    from tailproof.impl.fingerprint import model_identity
+
+    plain, over = model_identity(_model()), model_identity(_model(hf_overrides={
+        "rope_theta": 500000.0}))
+    assert plain["rope"] == {"max_position_embeddings": 4096}
+    assert over["rope"]["rope_parameters"] == {"rope_type": "default", "rope_theta": 500000.0}
+
+
+def test_a_key_vllm_derives_into_rope_parameters_does_not_split_the_roles() -> None:
+    """``gpt_j`` writes ``partial_rotary_factor`` into the config's ``rope_parameters`` while
+    it builds the model: a worker holding the model and the scheduler must still agree."""
+    from tailproof.impl.fingerprint import rope_parts
+
+    cfg = SimpleNamespace(rope_parameters={"rope_type": "default", "rope_theta": 1e4},
+                          rotary_dim=8)
+    before = rope_parts(cfg)
+    cfg.rope_parameters["partial_rotary_factor"] = 0.5  # what GPTJAttention.__init__ does
+    assert rope_parts(cfg) == before
+    cfg.rotary_dim = 16  # the attribute it is derived from still counts
+    assert rope_parts(cfg) != before
+
+
+def test_max_model_len_counts_only_where_longrope_picks_its_factors() -> None:
+    """LongRoPE rotates with its long factors at every position once ``max_model_len``
+    exceeds ``original_max_position_embeddings`` (``Phi3LongRoPEScaledRotaryEmbedding``):
+    there, and only there, ``max_model_len`` changes cached K bytes."""
+    from tailproof.impl.fingerprint import rope_parts
+
+    long = SimpleNamespace(rope_parameters={
+        "rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0], "long_factor": [2.0],
+        "original_max_position_embeddings": 4096}, max_position_embeddings=131072)
+    assert rope_parts(long, 4096) == rope_parts(long, 2048)  # short factors both
+    assert rope_parts(long, 8192) == rope_parts(long, 131072)  # long factors both
+    assert rope_parts(long, 4096) != rope_parts(long, 8192)
+    plain = SimpleNamespace(rope_parameters={"rope_type": "default", "rope_theta": 1e4})
+    assert rope_parts(plain, 4096) == rope_parts(plain, 131072)
+    nested = SimpleNamespace(rope_parameters={"full_attention": long.rope_parameters,
+                                              "sliding_attention": plain.rope_parameters})
+    assert rope_parts(nested, 4096) != rope_parts(nested, 8192)
+
+
+@pytest.mark.parametrize("change", ["max_num_seqs", "pool size", "load_format safetensors",
+                                    "max_num_batched_tokens", "seed"])
+def test_settings_that_do_not_change_bytes_share_keys(change: str) -> None:
+    """Engines whose KV bytes are interchangeable keep one fingerprint (and load each other's
+    values): scheduling limits, the store's size, another reader of the same checkpoint."""
+    from engine_sim import GROUPS, kv_cache_config, vllm_config
+    from vllm.config import LoadConfig
+
+    kvc = kv_cache_config(NB, GROUPS, H)
+    base = vllm_config({"store": "memory", "capacity_bytes": 1 << 26}, h=H)
+    if change == "pool size":
+        other = vllm_config({"store": "memory", "capacity_bytes": 1 << 28}, h=H)
+    elif change == "max_num_batched_tokens":
+        other = vllm_config({"store": "memory", "capacity_bytes": 1 << 26}, h=H,
+                            max_batched=512)
+    else:
+        other = vllm_config({"store": "memory", "capacity_bytes": 1 << 26}, h=H)
+        if change == "max_num_seqs":
+            object.__setattr__(other.scheduler_config, "max_num_seqs", 3)
+        elif change == "seed":
+            other.model_config = _set(other.model_config, seed=7)
+        else:
+            other.load_config = LoadConfig(load_format="safetensors")
+    a = fingerprint_from_vllm(base, kvc, geometry_from_vllm(base, kvc))
+    b = fingerprint_from_vllm(other, kvc, geometry_from_vllm(other, kvc))
+    assert a.digest == b.digest, change
     ok, (_, rrun, ctab), _ = _save_then_load(a, b)
     assert ok and rrun.check("B", TOKENS, 0, 44, ctab) == []
 

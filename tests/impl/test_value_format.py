@@ -1,4 +1,5 @@
-"""Value format v1: a sealed value verifies; every way a value can be wrong is named."""
+"""Value format v2: a sealed value verifies; every way a value can be wrong is named, and
+only another MAC identity is a failure that does not prove the value corrupt."""
 
 from __future__ import annotations
 
@@ -10,12 +11,15 @@ from tailproof.impl.value_format import (
     SECRET_ENV,
     SecretError,
     ValueCodec,
+    is_corrupt,
+    mac_identity,
+    mac_identity_text,
     secret_from_env,
     slot_nbytes,
 )
 
 FP = bytes.fromhex("0123456789abcdef")
-KEY = "kv1:ns@0123456789abcdef@e0@t0p0@g0@aa"
+KEY = "kv2:ns@0123456789abcdef@m0@e0@t0p0@g0@aa"
 
 
 def sealed(codec: ValueCodec, key: str = KEY, n: int = 1000) -> np.ndarray:
@@ -29,7 +33,7 @@ def test_sealed_value_verifies_and_header_is_fixed_size() -> None:
     codec = ValueCodec(FP)
     slot = sealed(codec)
     assert slot.nbytes == 1000 + 128 and codec.verify(KEY, slot) is None
-    assert bytes(slot[:4]) == b"TPKV" and int.from_bytes(bytes(slot[4:6]), "little") == 1
+    assert bytes(slot[:4]) == b"TPKV" and int.from_bytes(bytes(slot[4:6]), "little") == 2
 
 
 @pytest.mark.parametrize("where,kind", [
@@ -39,6 +43,7 @@ def test_sealed_value_verifies_and_header_is_fixed_size() -> None:
     (24, "fingerprint"),
     (32, "key"),
     (48, "checksum"),  # stored checksum
+    (96, "identity"),  # MAC identity (unsigned: zeros)
     (HEADER_BYTES + 999, "checksum"),  # last payload byte
     (HEADER_BYTES, "checksum"),  # first payload byte
 ])
@@ -60,19 +65,38 @@ def test_other_key_other_fingerprint_unsealed() -> None:
 
 
 def test_mac_authenticates_header_and_payload() -> None:
+    import xxhash
+
     secret = b"s" * 32
     codec = ValueCodec(FP, secret)
     slot = sealed(codec)
     assert codec.verify(KEY, slot) is None
-    assert ValueCodec(FP, b"t" * 32).verify(KEY, slot) == "mac"  # another secret
-    assert ValueCodec(FP).verify(KEY, slot) == "mac"  # unauthenticated reader, MAC'd value
-    assert codec.verify(KEY, sealed(ValueCodec(FP))) == "mac"  # MAC required, none present
-    # A writer without the secret who fixes up the checksum still fails the MAC.
+    assert bytes(slot[96:104]) == mac_identity(secret) != bytes(8)
+    # Another secret, or none: another MAC identity -- this engine cannot verify the value,
+    # which proves nothing against it (not corrupt: never removed).
+    for reader in (ValueCodec(FP, b"t" * 32), ValueCodec(FP)):
+        assert reader.verify(KEY, slot) == "identity" and not is_corrupt("identity")
+    assert codec.verify(KEY, sealed(ValueCodec(FP))) == "identity"  # unsigned value
+    # Under this engine's identity a bad MAC is proof: a forger without the secret who fixes
+    # up the checksum and copies the identity still fails the MAC, as does a flipped MAC bit.
     forged = slot.copy()
     forged[HEADER_BYTES + 3] ^= 1
-    ValueCodec(FP).seal(KEY, forged)  # valid checksum, no MAC flag
-    forged[6] |= 1  # claim a MAC
-    assert codec.verify(KEY, forged) == "mac"
+    forged[48:64] = np.frombuffer(xxhash.xxh3_128_digest(forged[HEADER_BYTES:]), np.uint8)
+    assert codec.verify(KEY, forged) == "mac" and is_corrupt("mac")
+    flipped = slot.copy()
+    flipped[70] ^= 1
+    assert codec.verify(KEY, flipped) == "mac"
+    unflagged = slot.copy()
+    unflagged[6] &= 0xFE  # MAC flag cleared under a signed identity
+    assert codec.verify(KEY, unflagged) == "mac"
+
+
+def test_mac_identity_names_the_secret_without_revealing_it() -> None:
+    a, b = mac_identity(b"s" * 32), mac_identity(b"t" * 32)
+    assert len(a) == 8 and a != b and a == mac_identity(b"s" * 32)
+    assert b"s" not in a and mac_identity(None) == bytes(8)
+    assert mac_identity_text(None) == "0" and mac_identity_text(b"s" * 32) == a.hex()
+    assert all(is_corrupt(k) for k in ("format", "length", "fingerprint", "key", "checksum"))
 
 
 def test_secret_only_from_environment_and_long_enough() -> None:

@@ -1,6 +1,9 @@
-"""A stored value is verified before a byte reaches the KV cache: corrupted, foreign, old-format
-or unauthenticated values fail the load closed, are counted by kind, are removed, and the next
-save rewrites them -- on the memory store and on a real Mooncake master."""
+"""A stored value is verified before a byte reaches the KV cache, by one rule for every failure
+kind (docs/store-format.md, "Verification"): the value is never served; a value proven corrupt
+(bit flip, truncation, oversize, header, checksum, MAC under this engine's identity, another
+fingerprint or key) is counted by kind, removed, and rewritten by the next save; a value of
+another secret is never read (its MAC identity is in the key) and, met under this engine's key,
+is a miss that is kept -- on the memory store and on a real Mooncake master."""
 
 from __future__ import annotations
 
@@ -77,35 +80,61 @@ def store(request: pytest.FixtureRequest) -> Iterator[Store]:
 
 
 def overwrite(store: Store, key: str, value: np.ndarray) -> None:
-    """Replace a stored value behind the connector's back (a bit flip, a rogue writer)."""
+    """Replace a stored value behind the connector's back (a bit flip, a truncation, a rogue
+    writer); the new value may have another size."""
     if isinstance(store, MemoryStore):
-        store._data[key][:] = value
+        old = store._data[key]
+        store._data[key] = value.copy()
+        store._used += value.nbytes - old.nbytes
         return
     rc = store._client.upsert(key, value.tobytes())  # type: ignore[attr-defined]
     assert rc == 0, rc
 
 
-CORRUPTIONS: dict[str, tuple[str, Callable[[np.ndarray], None]]] = {
-    "payload bit flip": ("checksum", lambda v: v.__setitem__(HEADER_BYTES + 5, v[HEADER_BYTES + 5]
-                                                             ^ 1)),
-    "old format (no header)": ("format", lambda v: v.__setitem__(slice(0, HEADER_BYTES), 0)),
-    "foreign fingerprint": ("fingerprint", lambda v: v.__setitem__(24, v[24] ^ 0xFF)),
-    "copied from another key": ("key", lambda v: v.__setitem__(40, v[40] ^ 0xFF)),
+def _flip(at: int) -> Callable[[np.ndarray], np.ndarray]:
+    def f(v: np.ndarray) -> np.ndarray:
+        v[at] ^= 0x10
+        return v
+    return f
+
+
+def _forge_mac(v: np.ndarray) -> np.ndarray:
+    """A writer without the secret: changed payload, fixed-up checksum, copied identity."""
+    import xxhash
+
+    v[HEADER_BYTES + 5] ^= 1
+    v[48:64] = np.frombuffer(xxhash.xxh3_128_digest(v[HEADER_BYTES:]), np.uint8)
+    return v
+
+
+SECRET = b"k" * 32
+#: what -> (failure kind, corruption, the engines' secret)
+CORRUPTIONS: dict[str, tuple[str, Callable[[np.ndarray], np.ndarray], bytes | None]] = {
+    "payload bit flip": ("checksum", _flip(HEADER_BYTES + 5), None),
+    "truncation": ("length", lambda v: v[: v.nbytes - 64].copy(), None),
+    "truncated to the header": ("length", lambda v: v[:HEADER_BYTES].copy(), None),
+    "oversize": ("length", lambda v: np.concatenate([v, np.zeros(64, np.uint8)]), None),
+    "header magic": ("format", _flip(1), None),
+    "old format (no header)": ("format", lambda v: np.concatenate(
+        [np.zeros(HEADER_BYTES, np.uint8), v[HEADER_BYTES:]]), None),
+    "stored checksum": ("checksum", _flip(50), None),
+    "foreign fingerprint": ("fingerprint", _flip(24), None),
+    "copied from another key": ("key", _flip(40), None),
+    "forged MAC": ("mac", _forge_mac, SECRET),
+    "MAC bit flip": ("mac", _flip(80), SECRET),
 }
 
 
 @pytest.mark.parametrize("what", list(CORRUPTIONS))
 def test_bad_value_fails_closed_is_counted_removed_and_repaired(store: Store, what: str) -> None:
-    kind, corrupt = CORRUPTIONS[what]
-    w, runner = worker(store)
+    kind, corrupt, secret = CORRUPTIONS[what]
+    w, runner = worker(store, secret)
     save(w, runner)
     key = mamba_key(w)
     n = w._slot(1)
-    value = _read(store, key, n)
-    corrupt(value)
-    overwrite(store, key, value)
+    overwrite(store, key, corrupt(_read(store, key, n)))
 
-    r, rrun = worker(store)
+    r, rrun = worker(store, secret)
     ok, before = load(r, rrun)
     assert not ok  # fail closed: nothing was scattered
     for name, t in before.items():
@@ -114,27 +143,63 @@ def test_bad_value_fails_closed_is_counted_removed_and_repaired(store: Store, wh
     assert r.metrics.c.total("verify_removed") == 1
     assert store.exists([key]) == [False]  # removed: lookups now miss it
 
-    save(w, runner, job=1)  # the next save of that prefix rewrites it
+    save(w, runner, job=1)  # the next save of that prefix rewrites it (write-once: it is gone)
     assert store.exists([key]) == [True]
-    r2, rrun2 = worker(store)
+    assert _read(store, key, n).nbytes == n
+    r2, rrun2 = worker(store, secret)
     ok, _ = load(r2, rrun2)
     assert ok and rrun2.check("B", TOKENS, 0, 44, CTAB) == []
 
 
-def test_mac_rejects_values_of_writers_without_the_secret() -> None:
-    store = MemoryStore()
-    outsider, orun = worker(store)  # no secret: checksummed, not authenticated
-    save(outsider, orun)
-    r, rrun = worker(store, secret=b"k" * 32)
-    ok, _ = load(r, rrun)
-    assert not ok and r.metrics.c.total("verify_fail_mac") >= 1
-    # Each failed load removes the values it rejected; the insider's next save rewrites
-    # them authenticated. Within one round per group the prefix loads again.
-    insider, irun = worker(store, secret=b"k" * 32)
-    for job in range(1, GEO.num_groups + 1):
-        save(insider, irun, job=job)
-        r2, rrun2 = worker(store, secret=b"k" * 32)
-        ok, _ = load(r2, rrun2)
-        if ok:
-            break
-    assert ok and rrun2.check("B", TOKENS, 0, 44, CTAB) == []
+def _stored(store: Store, w: WorkerSide) -> dict[str, np.ndarray]:
+    """Every value ``w``'s keys hold in the store now, by key."""
+    keys = [(g, w.key(g, h)) for g in range(GEO.num_groups) for h in HASHES]
+    found = store.exists([k for _, k in keys])
+    return {k: _read(store, k, w._slot(g)) for (g, k), e in zip(keys, found, strict=True) if e}
+
+
+@pytest.mark.parametrize("secrets", [(SECRET, b"r" * 32), (None, SECRET), (SECRET, None)],
+                         ids=["rotated", "writer unsigned", "reader unsigned"])
+def test_engines_on_different_secrets_miss_and_never_delete(
+        store: Store, secrets: tuple[bytes | None, bytes | None]) -> None:
+    """Two engines share a pool and a namespace on different secrets (a rotation, or one
+    engine without the variable): each misses the other's values, which stay intact."""
+    mine, theirs = secrets
+    a, arun = worker(store, mine)
+    save(a, arun)
+    copies = _stored(store, a)
+    assert copies
+    b, brun = worker(store, theirs)
+    assert b.key(0, HASHES[0]) != a.key(0, HASHES[0])  # the MAC identity is in the key
+    for _ in range(3):  # every hit, not just the first
+        ok, before = load(b, brun)
+        assert not ok and b.metrics.c.total("get_fail_miss") >= 1
+        assert all(torch.equal(brun.kv[k], t) for k, t in before.items())
+    assert b.metrics.c.total("verify_removed") == 0
+    after = _stored(store, a)  # intact, byte for byte
+    assert after.keys() == copies.keys()
+    assert all(np.array_equal(after[k], v) for k, v in copies.items())
+    save(b, brun)  # b's own values live beside a's; each engine now loads its own
+    for secret in (mine, theirs):
+        r, rrun = worker(store, secret)
+        ok, _ = load(r, rrun)
+        assert ok and rrun.check("B", TOKENS, 0, 44, CTAB) == []
+
+
+def test_a_value_of_another_identity_under_this_key_is_a_miss_and_kept(store: Store) -> None:
+    """Met under this engine's own key (misdirected copies), values of another MAC identity are
+    ones this engine cannot verify: never served, never removed."""
+    other, orun = worker(store, b"r" * 32)
+    save(other, orun)
+    me, _ = worker(store, SECRET)
+    for k, v in _stored(store, other).items():  # every value, under this engine's keys
+        assert store.put(k.replace(other.keys.mac_identity, me.keys.mac_identity), v).ok
+    src, dst = mamba_key(other), mamba_key(me)
+    r, rrun = worker(store, SECRET)
+    ok, before = load(r, rrun)
+    assert not ok and all(torch.equal(rrun.kv[k], t) for k, t in before.items())
+    assert r.metrics.c.total("verify_fail_identity") >= 2  # attention and Mamba values
+    assert r.metrics.c.total("verify_kept_unverifiable") == r.metrics.c.total(
+        "verify_fail_identity")
+    assert r.metrics.c.total("verify_removed") == 0
+    assert store.exists([dst, src]) == [True, True]

@@ -88,3 +88,23 @@ def test_corrupted_store_values_fail_closed(bed: tb.Bed, passes: dict, prompts: 
     failed = sum(v - before.get(k, 0) for k, v in after.items() if k.startswith("verify_fail"))
     assert failed > 0, after
     assert res.ok, "\n".join(res.differences)
+
+
+def test_registered_tensors_are_vllm_views(bed: tb.Bed) -> None:
+    """What the V1 runner hands ``register_kv_caches`` in the real engine (docs/impl.md):
+    attention as typed fused-K/V 4D views, Mamba as int8 page views of the state bytes, one
+    attention and one Mamba layer per shared tensor, pages padded to the attention page."""
+    (views,) = bed.worker(tb.registered_kv_caches)
+    page = 2 * BLOCK * 2 * 16 * 4  # kv heads x block x (K+V head size) x float32
+    state = (3 * 64 + 64 * 16) * 4  # conv (K-1, di) + SSM (di, n), float32
+    for i in (0, 2):
+        attn = views[f"model.layers.{i}.self_attn.attn"]
+        mamba = views[f"model.layers.{i + 1}.mixer"]
+        assert attn["dtype"] == "torch.float32" and attn["shape"][1:] == [2, BLOCK, 32]
+        assert attn["stride"][0] * 4 == page  # LBNHC: [B, H, N, C] with N outside H
+        assert attn["stride"][1:] == [32, 64, 1]
+        assert mamba["dtype"] == "torch.int8" and mamba["shape"][1:] == [1, 1, state]
+        assert mamba["stride"][0] == page  # the padded page
+        assert attn["byte_offset"] == mamba["byte_offset"]  # groups overlay one tensor
+        conv, ssm = (v["shape"][1:] for v in mamba["views"])  # conv: SD or DS layout
+        assert sorted(conv) == [3, 64] and ssm == [64, 16]

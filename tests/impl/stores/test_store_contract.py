@@ -77,8 +77,8 @@ def test_exists(store: Store) -> None:
 def test_size_mismatch_is_not_ok(store: Store) -> None:
     store.put("k", pattern(4, 4096))
     small, large = np.zeros(1000, np.uint8), np.zeros(8192, np.uint8)
-    assert store.get("k", small).status is Status.TOO_LARGE
-    assert store.get("k", large).status is Status.ERROR  # tail would be stale bytes
+    assert store.get("k", small).status is Status.WRONG_SIZE
+    assert store.get("k", large).status is Status.WRONG_SIZE  # tail would be stale bytes
 
 
 def test_remove_all_then_everything_misses(store: Store) -> None:
