@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 from dataclasses import replace
 from typing import Any
@@ -49,6 +50,7 @@ from tailproof.impl.config import (
     resolve_reuse_extension,
 )
 from tailproof.impl.fingerprint import Fingerprint, check_tensors, fingerprint_from_vllm
+from tailproof.impl.hash_seed import random_seed_problem
 from tailproof.impl.keys import INITIAL_EPOCH, KeySpace, new_epoch
 from tailproof.impl.lookup import StoreLookup
 from tailproof.impl.meta import TailproofMeta, TailproofWorkerMeta
@@ -191,6 +193,11 @@ class TailproofConnector(KVConnectorBase_V1, SupportsHMA):
         self.worker_side: WorkerSide | None = None
         self.keys = KeySpace(self.settings.namespace, self.fingerprint.digest,
                              par.tensor_parallel_size, mac_identity_text(self.secret))
+        # Prefix hashes that no other process can derive (impl/hash_seed.py): warned, not
+        # refused -- this engine still hits its own stored values while it lives.
+        self.hash_seed_problem = random_seed_problem(vllm_config.cache_config, os.environ)
+        if self.hash_seed_problem is not None and role == KVConnectorRole.SCHEDULER:
+            logger.warning("TailproofConnector: %s", self.hash_seed_problem)
         if role == KVConnectorRole.SCHEDULER:
             lookup = StoreLookup(self.geo, self.coord, self.store.exists, self.keys,
                                  self.world, self.store.removal_count)

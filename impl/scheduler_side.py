@@ -19,6 +19,13 @@ a shared body would compare a function with itself. Pure arithmetic is shared in
   ``register_finished_partial_tail`` at finish); decode boundaries, null blocks and
   non-Mamba groups are dropped; the attention blocks of a sub-block tail are put explicitly
   (``tail_put_range``) because normal saves stop at the lcm floor;
+* re-admission (not vLLM 0.33, whose ``MooncakeStoreScheduler.build_connector_meta`` drops the
+  load): a request allocated (``update_state_after_alloc``) since the last meta and reported
+  preempted in this one was preempted *before* this ``schedule()`` -- by
+  ``Scheduler.reset_prefix_cache(reset_running_requests=True)``, since ``schedule()`` admits no
+  waiting request in a step that preempted -- so the preemption retires only its older state
+  (tracker, snapshot slots); the admission's load spec and entry stand and its load is issued
+  (else it waits in ``WAITING_FOR_REMOTE_KVS`` forever);
 * every block a store job may read is pinned (``block_pool.touch``) when the job is emitted
   and released exactly once, when every worker reported the job; so requests never delay
   their own free (``request_finished_all_groups`` answers ``(False, None)``);
@@ -123,6 +130,9 @@ class SchedulerSide:
         # Requests whose load spec came from a remembered lookup (lookup.py): a failed load of
         # one is a remembered key the store no longer held (counted, then recomputed).
         self.remembered_loads: set[str] = set()
+        # Requests allocated (``update_state_after_alloc``) since the last meta: one of them
+        # reported preempted in that meta was preempted before this schedule() (rule below).
+        self.admitted: set[str] = set()
         self._eagle_margins = tuple(geo.eagle_proof_margin(g) for g in range(geo.num_groups))
         # Reuse extension (docs/reuse.md): rid -> (snapshot block per Mamba store group, in
         # store order; the boundary their content is the state of).
@@ -201,6 +211,7 @@ class SchedulerSide:
         rid = request.request_id
         if isinstance(self.lookup_client, StoreLookup):
             self.lookup_client.forget(rid)  # admitted: no longer waiting
+        self.admitted.add(rid)
         ids: tuple[list[int], ...] = ()
         if num_external > 0:
             ids = tuple(blocks.get_block_ids(group_ids=self.geo.core_group_ids))
@@ -238,11 +249,17 @@ class SchedulerSide:
         preempted = set(so.preempted_req_ids or ())
         for rid in sorted(preempted):  # sorted: slots return to the pool in a fixed order
             self.release_snapshot(rid)  # rule 4: its state is recomputed
-            self.junction_targets.pop(rid, None)  # re-admission sets it again
-            self.load_specs.pop(rid, None)
             if (t := self.request_trackers.get(rid)) is not None:
                 t.reset()
+            if rid in self.admitted:
+                # Preempted before this schedule() and re-admitted by it (module
+                # docstring, "re-admission"): the admission's load spec and entry stand.
+                self.metrics.c.inc("readmitted_after_preemption")
+                continue
+            self.junction_targets.pop(rid, None)  # re-admission sets it again
+            self.load_specs.pop(rid, None)
             self.unfinished_requests.pop(rid, None)
+        self.admitted.clear()
         meta = TailproofMeta(preempted_req_ids=preempted,
                              finished_req_ids=set(so.finished_req_ids))
         extension = self.settings.reuse_extension and not consumer and not self.reuse_disabled

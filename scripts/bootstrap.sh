@@ -44,6 +44,11 @@ log "the runtime packages vLLM 0.33's core imports"
 "${pip[@]}" -c "$C" -r requirements/vllm-runtime.txt
 # xgrammar declares triton (~1 GB) but importing it does not need it.
 "${pip[@]}" --no-deps -c "$C" xgrammar apache-tvm-ffi
+log "what vLLM's real engine and vllm serve import (the real-engine test bed)"
+"${pip[@]}" -c "$C" -r requirements/vllm-engine.txt
+# compressed-tensors declares torch: without its dependencies (loguru, pydantic and
+# transformers are already in).
+"${pip[@]}" --no-deps -c "$C" compressed-tensors
 log "proof, test and store tools"
 "${pip[@]}" -c "$C" -r requirements/dev.txt
 # vLLM last and without its dependencies: its full set (CUDA torch, GPU kernels) is not needed

@@ -56,6 +56,31 @@ def settings(vllm_config: Any) -> dict[str, Any] | None:
             "redact": bool(doc.get("redact", False)), "max_bytes": doc.get("max_bytes")}
 
 
+def in_process_workers(scheduler: Any) -> list[Any] | None:
+    """The engine's worker connector when it lives in this process beside ``scheduler``'s
+    (``TailproofConnector``, one worker, vLLM's ``uni`` executor with the engine core in this
+    process: the worker connector is vLLM's process-global KV transfer group, built by the
+    worker before the scheduler), so the trace records the connector's ops and its pins; None
+    otherwise (the trace then records the core only, docs/triage.md)."""
+    from tailproof.impl.connector import TailproofConnector
+
+    if not isinstance(getattr(scheduler, "connector", None), TailproofConnector):
+        return None
+    from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
+
+    if not has_kv_transfer_group():
+        return None
+    wc = get_kv_transfer_group()
+    side = getattr(wc, "worker_side", None)
+    if wc is scheduler.connector or side is None:
+        return None
+    if side.settings.send_threads != 1:  # no FIFO order of jobs to record
+        logger.warning("tailproof: send_threads=%d: recording the core only (connector ops "
+                       "need send_threads=1)", side.settings.send_threads)
+        return None
+    return [wc]
+
+
 def _close(recorder: Any) -> None:
     """Close a recorder; a trace that could not be written is logged, never raised into
     the engine's shutdown."""
@@ -79,7 +104,8 @@ def patch_scheduler_class(cls: Any) -> None:
         from tailproof.conformance.capture.recorder import Recorder
 
         self._tailproof_recorder = Recorder.attach(
-            self, s["path"], redact=s["redact"], max_bytes=s["max_bytes"])
+            self, s["path"], redact=s["redact"], max_bytes=s["max_bytes"],
+            workers=in_process_workers(self))
         atexit.register(_close, self._tailproof_recorder)
         logger.warning("tailproof: recording KV cache manager calls to %s", s["path"])
 

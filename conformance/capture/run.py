@@ -32,13 +32,14 @@ class CaptureResult:
     unmodelled: dict[str, int]
 
 
-#: Workloads that cannot run with a KV connector, and why (vLLM 0.33 behaviour, not ours).
-CORE_ONLY = {
+#: Workloads that cannot run with vLLM's own connector, and why (vLLM 0.33 behaviour).
+#: ``TailproofConnector`` issues those loads (``impl.scheduler_side``, "re-admission").
+MOONCAKE_UNSUPPORTED = {
     "resend": "vLLM 0.33's reset_prefix_cache(reset_running_requests=True) preempts outside "
               "schedule(), so the next step re-admits those requests with an asynchronous load "
-              "and reports them as preempted in the same SchedulerOutput; the connector drops "
-              "a preempted request's load (vLLM's MooncakeStoreConnector and ours alike) and "
-              "they wait in WAITING_FOR_REMOTE_KVS forever (docs/triage.md)",
+              "and reports them as preempted in the same SchedulerOutput; vLLM's "
+              "MooncakeStoreConnector drops a preempted request's load and they wait in "
+              "WAITING_FOR_REMOTE_KVS forever (docs/triage.md)",
 }
 
 
@@ -53,9 +54,9 @@ def check_arguments(workload: str, connector: str, geometry: str | None) -> None
     if connector == "none" and WORKLOADS[workload].num_workers is not None:
         raise CaptureError(f"--connector: workload {workload!r} runs the KV connector; "
                            "pass --connector tailproof or mooncake")
-    if connector != "none" and workload in CORE_ONLY:
-        raise CaptureError(f"--connector: workload {workload!r} runs without a connector only: "
-                           f"{CORE_ONLY[workload]}")
+    if connector == "mooncake" and workload in MOONCAKE_UNSUPPORTED:
+        raise CaptureError(f"--connector: workload {workload!r} cannot run with mooncake: "
+                           f"{MOONCAKE_UNSUPPORTED[workload]} (fix: --connector tailproof)")
     if geometry is not None and geometry not in GEOMETRIES:
         raise CaptureError(f"--geometry: unknown geometry {geometry!r} "
                            f"(known: {', '.join(GEOMETRIES)})")

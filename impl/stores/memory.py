@@ -129,6 +129,17 @@ class MemoryStore(Store):
         """Bytes held plus bytes kept for reuse (always <= capacity_bytes)."""
         return self._used + self._pooled
 
+    def keys(self) -> list[str]:
+        """The keys held now, least recently used first (tests and ``tailproof smoke``)."""
+        with self._lock:
+            return list(self._data)
+
+    def value_size(self, key: str) -> int | None:
+        """Bytes of the value held under ``key``, or None."""
+        with self._lock:
+            val = self._data.get(key)
+            return None if val is None else val.nbytes
+
     def exists(self, keys: Sequence[str]) -> list[bool]:
         out = []
         with self._lock:

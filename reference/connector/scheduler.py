@@ -19,6 +19,17 @@ Mirrors ``MooncakeStoreScheduler`` (MS:135-761). The rules, each with the functi
 - a finish-time tail is pinned before the request's blocks are freed
   (``register_finished_partial_tail``, MS:600-670).
 
+DEVIATION (not vLLM 0.33; its rule is kept for every other case): vLLM drops a preempted
+request's load spec and entry in ``build_connector_meta`` (MS:304-525, the preempted loop).
+``Scheduler.reset_prefix_cache(reset_running_requests=True)`` (SC:3184-3226) preempts outside
+``schedule()``, and the next ``schedule()`` re-admits those requests -- its "no waiting admissions
+in a step that preempted" test (SC:1050) only sees its own preemptions -- with an asynchronous
+load, reporting them preempted in the *same* ``SchedulerOutput`` (SC:1733): vLLM's rule then drops
+the load it was just given and the request waits in ``WAITING_FOR_REMOTE_KVS`` forever. Here a
+request allocated (``update_state_after_alloc``) since the last meta and reported preempted in it
+was preempted before that allocation, so its preemption retires only the older state (tracker,
+snapshot slots): the admission's load spec, entry and junction stop stand and the load is issued.
+
 ``tailproof.impl.scheduler_side`` restates these rules independently on purpose: the corpus
 compares the two (and both with vLLM's own code), so neither imports the other.
 
@@ -102,6 +113,7 @@ class ConnectorScheduler:
         self.request_trackers: dict[str, RequestTracker] = {}
         self.unfinished_requests: dict[str, tuple[RequestLike, tuple[list[int], ...]]] = {}
         self.unfinished_request_ids: set[str] = set()
+        self.admitted: set[str] = set()  # allocated since the last meta (DEVIATION above)
         self.finished_partial_tails: dict[str, ReqMeta] = {}
         # EXTENSION (docs/reuse.md): snapshot blocks, the step's copies, the turn-end jobs.
         self.turn_end = TurnEnd(conf, geo, pool)
@@ -119,6 +131,7 @@ class ConnectorScheduler:
                                  num_external: int) -> None:
         """mirrors ``update_state_after_alloc`` (MS:267-302)."""
         rid = request.request_id
+        self.admitted.add(rid)
         self.unfinished_requests[rid] = (request, block_ids if num_external > 0 else ())
         self.unfinished_request_ids.add(rid)
         spec = self.load_specs.get(rid)
@@ -148,11 +161,14 @@ class ConnectorScheduler:
             self.unfinished_request_ids.discard(rid)
         for rid in sorted(preempted):
             self.turn_end.release(rid)  # EXTENSION rule 4
-            self.junctions.forget(rid, finished=False)  # EXTENSION: re-admission asks again
-            self.load_specs.pop(rid, None)
             if (t := self.request_trackers.get(rid)) is not None:
                 t.reset()
+            if rid in self.admitted:
+                continue  # DEVIATION: preempted before this step's re-admission, which stands
+            self.junctions.forget(rid, finished=False)  # EXTENSION: re-admission asks again
+            self.load_specs.pop(rid, None)
             self.unfinished_requests.pop(rid, None)
+        self.admitted.clear()
         rows: list[ReqMeta] = []
         new = [s for s in scheduled if s.kind == "new"]
         # CachedRequestData lists running requests, then resumed ones (SC:1939).

@@ -107,7 +107,7 @@ def test_capture_bad_arguments_exit_2(tmp_path: Path, capsys: pytest.CaptureFixt
     assert "pass --connector tailproof" in capsys.readouterr().err
     assert main(["capture", "--workload", "resend", "--connector", "mooncake",
                  "-o", str(tmp_path / "x.json")]) == 2
-    assert "runs without a connector only" in capsys.readouterr().err
+    assert "cannot run with mooncake" in capsys.readouterr().err
 
 
 def test_connector_capture_of_a_core_workload_replays(tmp_path: Path) -> None:
@@ -117,6 +117,21 @@ def test_connector_capture_of_a_core_workload_replays(tmp_path: Path) -> None:
     res = capture("chat", out, connector="tailproof")
     assert "remove_skipped_blocks" not in res.unmodelled and res.ops >= 500
     result = run_trace(load_trace(out), ["reference", "impl"], strict=True)
+    assert result.divergences == []
+
+
+@pytest.mark.slow
+def test_reset_with_running_requests_under_the_connector_replays(tmp_path: Path) -> None:
+    """``resend`` with the connector: ``reset_prefix_cache(reset_running_requests=True)``
+    preempts requests that the next step re-admits with store loads and reports preempted in
+    the same output; the loads are issued and the trace replays op-exactly on all three."""
+    out = tmp_path / "resend_conn.json"
+    capture("resend", out, connector="tailproof")
+    ops = load_trace(out).ops
+    step = next(i for i, o in enumerate(ops) if o["op"] == "conn_step" and o["preempted"])
+    ready = {o["rid"] for o in ops[step:] if o["op"] == "remote_kv_ready"}
+    assert set(ops[step]["preempted"]) <= ready  # every re-admitted request's load landed
+    result = run_trace(load_trace(out), ["reference", "impl", "vllm"], strict=True)
     assert result.divergences == []
 
 

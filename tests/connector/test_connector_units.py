@@ -124,3 +124,51 @@ def test_scripted_store_outcomes() -> None:
         check_script(["maybe"])
     with pytest.raises(ValueError, match="entry 0"):
         check_script([[True]])
+
+
+class _Pool:
+    """A pin pool that only counts (the reference's ``PinPool``)."""
+
+    def __init__(self) -> None:
+        self.held: list[int] = []
+
+    def touch_ids(self, ids: list[int]) -> None:
+        self.held += ids
+
+    def free_ids(self, ids: list[int]) -> None:
+        for b in ids:
+            self.held.remove(b)
+
+    def take_ids(self, n: int) -> list[int]:
+        raise AssertionError("no snapshot blocks in this test")
+
+    def num_free(self) -> int:
+        return 0
+
+
+@pytest.mark.parametrize("readmitted", [True, False])
+def test_preempted_and_readmitted_in_one_step_keeps_its_load(readmitted: bool) -> None:
+    """``reset_prefix_cache(reset_running_requests=True)`` preempts outside ``schedule()``; the
+    next ``schedule()`` re-admits the request with an asynchronous load and reports it preempted
+    in the same output. The reference issues that load (vLLM 0.33's ``build_connector_meta``
+    drops it: the request would wait forever); a preemption reported with no admission since
+    the last meta still drops the request's load spec and entry, as vLLM does."""
+    from tailproof.reference.connector.config import ConnectorConfig
+    from tailproof.reference.connector.meta import LoadSpec
+    from tailproof.reference.connector.scheduler import ConnectorScheduler
+
+    geo = StoreGeometry.from_config(_cfg(16, False))
+    sched = ConnectorScheduler(ConnectorConfig(load_async=True), geo, _Pool())
+    req = SimpleNamespace(request_id="r", all_token_ids=list(range(50)), num_prompt_tokens=50,
+                          num_computed_tokens=0, block_hashes=[bytes([i]) for i in range(12)])
+    sched.load_specs["r"] = LoadSpec(vllm_cached_tokens=0, kvpool_cached_tokens=44,
+                                     can_load=False)
+    sched.update_state_after_alloc(req, ([1, 2, 3], [0, 0, 9]), 44)
+    rows = []
+    if not readmitted:  # the admission's meta goes out first; the preemption comes a step later
+        rows += sched.build_connector_meta([], set(), set(), {}, lambda rid: None)
+    rows += sched.build_connector_meta([], set(), {"r"}, {}, lambda rid: None)
+    loads = [(j.req_id, j.load_spec.kvpool_cached_tokens) for j in rows
+             if j.load_spec is not None]
+    assert loads == [("r", 44)]  # issued once, in the admission's meta
+    assert ("r" in sched.unfinished_requests) == readmitted

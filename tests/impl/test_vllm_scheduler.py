@@ -391,3 +391,67 @@ def test_reset_on_one_engine_leaves_another_engines_hits(mooncake_master: str,
     _drained(e2)
     e1.shutdown()
     e2.shutdown()
+
+
+def _decode_then_reset(e: Any, prompts: dict[str, list[int]], steps: int,
+                       max_tokens: int = 12) -> tuple[dict[str, Any], list[Any]]:
+    """Add ``prompts``, run ``steps`` steps (prefill + decodes), then
+    ``reset_prefix_cache(reset_running_requests=True)`` with every request still running;
+    run to the end. Returns the requests and the logs after the reset."""
+    reqs = {rid: e.add(rid, p, max_tokens=max_tokens) for rid, p in prompts.items()}
+    for _ in range(steps):
+        e.step()
+    running = {r.request_id for r in e.sched.running}
+    assert running == set(prompts)  # still decoding when the reset comes
+    assert e.sched.reset_prefix_cache(reset_running_requests=True)
+    return reqs, e.run(60)
+
+
+def test_reset_with_running_requests_finishes_them(store_ns: dict) -> None:
+    """``reset_prefix_cache(reset_running_requests=True)`` while requests decode with store
+    hits: the next step re-admits them with an asynchronous load and reports them preempted
+    in the same output; the load is issued (vLLM 0.33's own connector drops it and they wait
+    in WAITING_FOR_REMOTE_KVS forever), byte-exact, and every request finishes with the
+    tokens an engine without the reset gives."""
+    prompts = {"c1": A + [7] * 20 + [1, 2, 3], "c2": A + [5] * 9}
+    e1 = Engine(store_ns)
+    e1.add("p", A + [7] * 20, max_tokens=2)
+    e1.run()
+    _drained(e1)
+    plain = Engine(store_ns)
+    want = {rid: plain.add(rid, p, max_tokens=12) for rid, p in prompts.items()}
+    plain.run()
+    e2 = Engine(store_ns)
+    reqs, logs = _decode_then_reset(e2, prompts, steps=5)
+    first_loads = [log.loads for log in e2.log[:5]]
+    assert any(first_loads)  # the requests started with store hits
+    assert sorted(j.req_id for j in logs[0].loads) == ["c1", "c2"]  # re-admitted, loaded
+    for rid, r in reqs.items():
+        assert r.status.name == "FINISHED_LENGTH_CAPPED", (rid, r.status)
+        assert list(r.output_token_ids) == list(want[rid].output_token_ids)
+    assert e2.conn.scheduler_side.metrics.c.total("readmitted_after_preemption") == 2
+    _no_byte_errors(e2)
+    _drained(e2)
+    for e in (e1, plain, e2):
+        e.shutdown()
+
+
+@pytest.mark.parametrize("v2_runner", [False, True])
+def test_reset_with_running_requests_resumes_and_saves_without_a_hit(store_ns: dict,
+                                                                     v2_runner: bool) -> None:
+    """Without a store hit the re-admission is synchronous: a resumed request for Model Runner
+    V1, a new one for V2 (``Scheduler.schedule`` SC:1642-1644). It is tracked again and its
+    re-prefill (prompt + the outputs before the reset) saved. Before the fix the connector had
+    dropped its entry: V2's new request raised ``KeyError`` in the scheduler, V1's resumed one
+    was never saved again."""
+    e = Engine(dict(store_ns, enable_lookup=False))
+    e.sched.use_v2_model_runner = v2_runner
+    reqs, logs = _decode_then_reset(e, {"a": A + [3] * 20}, steps=4)
+    assert reqs["a"].status.name == "FINISHED_LENGTH_CAPPED"
+    assert logs[0].scheduled == {"a": 64}  # recomputed from 0: prompt + 3 outputs = 68
+    saved = [(s.token_ids_start, s.token_len_chunk, s.publish_partial_tail)
+             for log in logs for s in log.stores if s.req_id == "a"]
+    # The re-prefill's blocks, then its partial tail (before the fix: untracked, not saved).
+    assert saved == [(0, 64, False), (64, 64, True)]
+    _drained(e)
+    e.shutdown()

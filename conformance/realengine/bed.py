@@ -1,0 +1,385 @@
+"""The real-engine test bed: vLLM 0.33's ``LLM`` on CPU with the tiny hybrid model, one engine
+per child process. This module is the API the real-engine tests (and ``tailproof smoke``) use.
+
+Why a child process: vLLM resolves its platform once per process (``current_platform``) and
+many modules bind it at import; a pytest process that already imported vLLM for the simulated
+runner has it resolved to "unspecified". Each :class:`Bed` therefore starts a fresh ``spawn``
+process that sets ``TAILPROOF_TESTBED=1`` (and the rest of :data:`BED_ENV`) before importing
+vLLM, builds the ``LLM`` there and serves commands over a pipe; every wait has a timeout.
+
+Usage::
+
+    spec = EngineSpec(kv_transfer_config=memory_connector("my-ns"))
+    with Bed(spec) as bed:
+        cold = bed.generate(prompts, max_tokens=80)
+        warm = bed.generate(prompts, max_tokens=80)        # vLLM's own prefix cache
+        bed.reset_prefix_cache()                           # device only
+        store = bed.generate(prompts, max_tokens=80)       # hits from the store
+        bed.worker(corrupt_store_values, 3)                # any module-level fn(worker, ...)
+        bed.call(my_fn, x=1)                               # any module-level fn(llm, ...)
+
+* :class:`EngineSpec`: the engine arguments the bed varies (prefix caching, executor ``uni`` /
+  ``mp``, engine core in its own process, ``kv_transfer_config``, pool size, ...); the fixed ones
+  are ``skip_tokenizer_init``, ``enforce_eager``, ``dtype="float32"``, token-id prompts,
+  greedy sampling with ``ignore_eos``.
+* :class:`Bed`: ``generate`` (returns :class:`Completion` s), ``reset_prefix_cache``, ``call``
+  (``fn(llm, ...)`` in the bed process), ``worker`` (``fn(worker, ...)`` on every worker through
+  ``LLM.collective_rpc``), ``close``.
+* Worker-side helpers to pass to ``Bed.worker``: :func:`registered_kv_caches`,
+  :func:`perturb_device_cache`, :func:`connector_counters`, :func:`corrupt_store_values`.
+* :func:`memory_connector` / :func:`tailproof_connector`: a ``kv_transfer_config`` naming
+  ``TailproofConnector``; :mod:`.oracle` runs and compares the standard passes.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import tempfile
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: Environment of every bed process (and so of the engine core and workers it starts).
+BED_ENV = {
+    "TAILPROOF_TESTBED": "1",  # activates the test-bed platform and model (plugins.py)
+    "HF_HUB_OFFLINE": "1",
+    # The tiny model gains nothing from threads; on a loaded 2-core machine OpenMP's spinning
+    # made a 64x128 matmul 40x slower with 2 threads than with 1.
+    "OMP_NUM_THREADS": "1",
+    # collective_rpc with a plain function once the engine core is in another process.
+    "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
+    "VLLM_LOGGING_LEVEL": "WARNING",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+START_TIMEOUT_S = 300.0
+CALL_TIMEOUT_S = 300.0
+
+
+class BedError(RuntimeError):
+    """The bed process failed (its traceback is in the message) or did not answer in time."""
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """What a test varies about the engine (everything else is fixed, see the module doc)."""
+
+    prefix_caching: bool = True
+    block_size: int = 64  # the Mamba block too (align mode makes them equal)
+    prefix_match_unit: int = 16  # h: partial hits and stored tails on 16-token boundaries
+    kv_cache_memory_bytes: int = 64 << 20
+    max_model_len: int = 4096
+    executor: str = "uni"  # distributed_executor_backend: "uni" or "mp"
+    core_process: bool = False  # the engine core in its own process (EngineCoreProc)
+    kv_transfer_config: dict[str, Any] | None = None
+    max_num_batched_tokens: int | None = None
+    max_num_seqs: int | None = None
+    weights_seed: int = 0
+    mamba_first: bool = False  # model.py: reproduces vLLM 0.33's block-copy bug
+    engine_args: dict[str, Any] = field(default_factory=dict)  # any other LLM(...) argument
+    env: dict[str, str] = field(default_factory=dict)  # extra environment of the bed process
+
+    def llm_kwargs(self, model_dir: str) -> dict[str, Any]:
+        """Keyword arguments of ``vllm.LLM``."""
+        kw: dict[str, Any] = {
+            "model": model_dir, "skip_tokenizer_init": True, "enforce_eager": True,
+            "dtype": "float32", "seed": 0, "max_model_len": self.max_model_len,
+            "enable_prefix_caching": self.prefix_caching, "block_size": self.block_size,
+            "kv_cache_memory_bytes": self.kv_cache_memory_bytes,
+            "distributed_executor_backend": self.executor,
+            "disable_log_stats": False,
+        }
+        if self.prefix_caching:
+            kw["prefix_match_unit"] = self.prefix_match_unit
+        if self.kv_transfer_config is not None:
+            kw["kv_transfer_config"] = dict(self.kv_transfer_config)
+        if self.max_num_batched_tokens is not None:
+            kw["max_num_batched_tokens"] = self.max_num_batched_tokens
+        if self.max_num_seqs is not None:
+            kw["max_num_seqs"] = self.max_num_seqs
+        kw.update(self.engine_args)
+        return kw
+
+
+def tailproof_connector(extra: dict[str, Any] | None = None, *, role: str = "kv_both",
+                        failure_policy: str = "recompute") -> dict[str, Any]:
+    """A ``kv_transfer_config`` naming ``TailproofConnector`` (README, "Deploy in vLLM")."""
+    return {
+        "kv_connector": "TailproofConnector",
+        "kv_connector_module_path": "tailproof.impl.connector",
+        "kv_role": role,
+        "kv_load_failure_policy": failure_policy,
+        "kv_connector_extra_config": dict(extra or {}),
+    }
+
+
+def memory_connector(namespace: str = "tailproof-testbed", **extra: Any) -> dict[str, Any]:
+    """``TailproofConnector`` on its embedded memory store (the engine's own process)."""
+    return tailproof_connector({"store": "memory", "namespace": namespace,
+                                "capacity_bytes": "256MB", **extra})
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One request's greedy output."""
+
+    tokens: tuple[int, ...]
+    num_cached_tokens: int  # vLLM's count: device prefix-cache hits plus connector hits
+    finish_reason: str | None
+
+
+# --- the bed process ------------------------------------------------------------------------
+
+
+def _serve(conn: Any, spec: dict[str, Any], model_dir: str) -> None:
+    """Bed process main: build the LLM, then answer (op, payload) requests until "close"."""
+    os.environ.update({**BED_ENV, **spec["env"]})
+    if not spec["core_process"]:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    try:
+        from vllm import LLM
+
+        llm = LLM(**EngineSpec(**spec).llm_kwargs(model_dir))
+    except BaseException:  # noqa: BLE001 - reported to the parent, which raises it
+        conn.send(("error", traceback.format_exc()))
+        return
+    conn.send(("ok", None))
+    while True:
+        try:
+            op, payload = conn.recv()
+        except EOFError:
+            break
+        if op == "close":
+            break
+        try:
+            conn.send(("ok", _dispatch(llm, op, payload)))
+        except BaseException:  # noqa: BLE001
+            conn.send(("error", traceback.format_exc()))
+    # Shut the engine down (its core process and workers, if any), answer, and exit without
+    # the interpreter's slow teardown.
+    shutdown = getattr(getattr(llm.llm_engine, "engine_core", None), "shutdown", None)
+    try:
+        if shutdown is not None:
+            shutdown()
+    finally:
+        conn.send(("ok", None))
+        conn.close()
+        os._exit(0)
+
+
+def engine_metrics(llm: Any) -> dict[str, float]:
+    """vLLM's own counters and gauges (``LLM.get_metrics``), summed over label sets; for
+    ``Bed.call`` (e.g. ``vllm:num_preemptions``, ``vllm:external_prefix_cache_hits``)."""
+    from vllm.v1.metrics.reader import Counter, Gauge
+
+    out: dict[str, float] = {}
+    for m in llm.get_metrics():
+        if isinstance(m, (Counter, Gauge)):
+            out[m.name] = out.get(m.name, 0.0) + float(m.value)
+    return out
+
+
+def _dispatch(llm: Any, op: str, payload: Any) -> Any:
+    """One request of the parent, run against the bed's ``LLM``."""
+    if op == "generate":
+        return _generate(llm, *payload)
+    if op == "reset":
+        return llm.reset_prefix_cache(**payload)
+    if op == "call":
+        fn, args, kwargs = payload
+        return fn(llm, *args, **kwargs)
+    if op == "worker":
+        fn, args = payload
+        return llm.collective_rpc(fn, args=tuple(args))
+    raise ValueError(f"unknown test-bed request {op!r}")
+
+
+def _generate(llm: Any, prompts: list[list[int]], max_tokens: int) -> list[Completion]:
+    from vllm import SamplingParams
+
+    sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
+    return [Completion(tuple(o.outputs[0].token_ids), int(o.num_cached_tokens or 0),
+                       o.outputs[0].finish_reason) for o in outs]
+
+
+# --- the parent's handle --------------------------------------------------------------------
+
+
+class Bed:
+    """One real engine in its own process; a context manager (``close`` on exit)."""
+
+    def __init__(self, spec: EngineSpec | None = None, *, model_dir: str | Path | None = None,
+                 start_timeout: float = START_TIMEOUT_S) -> None:
+        from tailproof.conformance.realengine.model import write_model_dir
+
+        self.spec = spec or EngineSpec()
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        if model_dir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="tailproof-testbed-")
+            model_dir = write_model_dir(self._tmp.name, self.spec.weights_seed,
+                                        self.spec.mamba_first)
+        self.model_dir = str(model_dir)
+        ctx = mp.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_serve, args=(child, asdict(self.spec), self.model_dir),
+                                 name="tailproof-testbed", daemon=False)
+        self._proc.start()
+        child.close()
+        try:
+            self._wait("start", start_timeout)
+        except BaseException:
+            self.close()
+            raise
+
+    def _wait(self, what: str, timeout: float) -> Any:
+        if not self._conn.poll(timeout):
+            raise BedError(f"the test-bed engine did not answer {what!r} within {timeout:.0f} s")
+        try:
+            status, value = self._conn.recv()
+        except EOFError:
+            raise BedError(f"the test-bed engine died during {what!r} "
+                           f"(exit code {self._proc.exitcode})") from None
+        if status == "error":
+            raise BedError(f"{what} failed in the test-bed engine:\n{value}")
+        return value
+
+    def _request(self, op: str, payload: Any, timeout: float) -> Any:
+        if not self._proc.is_alive():
+            raise BedError(f"the test-bed engine is not running (exit code {self._proc.exitcode})")
+        self._conn.send((op, payload))
+        return self._wait(op, timeout)
+
+    def generate(self, prompts: Sequence[Sequence[int]], max_tokens: int = 32,
+                 timeout: float = CALL_TIMEOUT_S) -> list[Completion]:
+        """Greedy completions of token-id ``prompts``, in order, as one ``LLM.generate`` batch."""
+        return self._request("generate", ([list(p) for p in prompts], max_tokens), timeout)
+
+    def reset_prefix_cache(self, reset_connector: bool = False,
+                           reset_running_requests: bool = False) -> bool:
+        """``LLM.reset_prefix_cache``: by default the device cache only (the store keeps its
+        entries); ``reset_connector`` also moves the connector to a fresh key epoch."""
+        return self._request("reset", {"reset_connector": reset_connector,
+                                       "reset_running_requests": reset_running_requests},
+                             CALL_TIMEOUT_S)
+
+    def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``fn(llm, *args, **kwargs)`` in the bed process (``fn`` importable by name)."""
+        return self._request("call", (fn, args, kwargs), CALL_TIMEOUT_S)
+
+    def worker(self, fn: Callable[..., Any], *args: Any) -> list[Any]:
+        """``fn(worker, *args)`` on every worker (``LLM.collective_rpc``); one result each."""
+        return self._request("worker", (fn, args), CALL_TIMEOUT_S)
+
+    def close(self, timeout: float = 60.0) -> None:
+        """Shut the engine down and end the bed process (killed after ``timeout``)."""
+        if self._proc.is_alive():
+            try:
+                self._conn.send(("close", None))
+                self._conn.poll(timeout)
+            except (BrokenPipeError, OSError):
+                pass
+            self._proc.join(timeout)
+            if self._proc.is_alive():
+                self._proc.kill()
+                self._proc.join(10)
+        self._conn.close()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def __enter__(self) -> Bed:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# --- worker-side helpers (run in the worker through Bed.worker) ------------------------------
+
+
+def _layer_caches(worker: Any) -> dict[str, Any]:
+    """Each KV cache layer's bound cache (attention: the 4D view; Mamba: (conv, ssm) views)."""
+    runner = worker.model_runner
+    names = [n for g in runner.kv_cache_config.kv_cache_groups for n in g.layer_names]
+    ctx = runner.compilation_config.static_forward_context
+    return {n: ctx[n].kv_cache for n in sorted(names)}
+
+
+def registered_kv_caches(worker: Any) -> dict[str, dict[str, Any]]:
+    """What the runner handed ``register_kv_caches``, per layer: shape, strides, dtype, byte
+    offset into the shared buffer; plus each layer's bound views (``views``)."""
+    from vllm.model_executor.models.utils import extract_layer_index
+
+    runner = worker.model_runner
+    names = sorted((n for g in runner.kv_cache_config.kv_cache_groups for n in g.layer_names),
+                   key=extract_layer_index)
+    bound = _layer_caches(worker)
+    out: dict[str, dict[str, Any]] = {}
+    for name, t in zip(names, runner.kv_caches, strict=True):
+        views = bound[name] if isinstance(bound[name], (tuple, list)) else [bound[name]]
+        out[name] = {
+            "shape": list(t.shape), "stride": list(t.stride()), "dtype": str(t.dtype),
+            "byte_offset": t.storage_offset() * t.element_size(),
+            "views": [{"shape": list(v.shape), "stride": list(v.stride()), "dtype": str(v.dtype)}
+                      for v in views],
+        }
+    return out
+
+
+def perturb_device_cache(worker: Any, layer: str, part: int = 0) -> int:
+    """Flip the sign bit of the largest-magnitude value in every block of one layer's device
+    cache (attention: its K/V view; Mamba: state ``part``, 0 conv, 1 SSM): a one-bit error per
+    block. Prefix-cache entries keep pointing at the blocks, so a later hit reads it. Returns
+    the number of blocks changed."""
+    import torch
+
+    cache = _layer_caches(worker)[layer]
+    t = cache[part] if isinstance(cache, (tuple, list)) else cache
+    flat = t.abs().reshape(t.shape[0], -1)  # a copy where the view is strided: read only
+    idx = torch.unravel_index(flat.argmax(dim=1), tuple(t.shape[1:]))
+    blocks = torch.arange(t.shape[0])
+    t[(blocks, *idx)] = -t[(blocks, *idx)]
+    return int((flat.amax(dim=1) > 0).sum())
+
+
+def zero_device_cache(worker: Any) -> int:
+    """Zero every KV cache tensor the runner holds (attention K/V and Mamba states)."""
+    for t in worker.model_runner.kv_caches:
+        t.zero_()
+    return len(worker.model_runner.kv_caches)
+
+
+def connector_counters(worker: Any) -> dict[str, int]:
+    """The worker connector's counters since start (puts, gets, verify failures, ...)."""
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+    side = get_kv_transfer_group().worker_side
+    return side.metrics.c.totals()
+
+
+def corrupt_store_values(worker: Any, count: int | None = None) -> int:
+    """Flip one payload byte in ``count`` stored values (all when None), through the memory
+    store's API (read, remove, put back changed); returns how many were corrupted."""
+    import numpy as np
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+    store = get_kv_transfer_group().store
+    keys = store.keys()
+    if count is not None:
+        keys = keys[:count]
+    done = 0
+    for key in keys:
+        size = store.value_size(key)
+        if size is None:
+            continue
+        buf = np.empty(size, np.uint8)
+        if not store.get(key, buf).ok:
+            continue
+        buf[size // 2] ^= 0xFF
+        store.remove([key])
+        if store.put(key, buf).ok:
+            done += 1
+    return done

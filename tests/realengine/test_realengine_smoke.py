@@ -1,0 +1,68 @@
+"""``tailproof smoke``: passes on the memory store, exits 1 naming the pass when stored values
+are corrupted, exits 2 on a bad configuration."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from tailproof.conformance import cli
+from tailproof.conformance.realengine import bed as tb
+from tailproof.conformance.realengine import smoke
+
+MEMORY = json.dumps(tb.memory_connector("smoke-test"))
+
+
+def _smoke(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, Any]:
+    rc = cli.main(["smoke", "--kv-transfer-config", *args, "--json"])
+    out = capsys.readouterr().out
+    return rc, json.loads(out) if out.strip() else None
+
+
+@pytest.mark.realengine
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_smoke_passes_on_the_memory_store(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, verdict = _smoke(capsys, MEMORY)
+    assert rc == 0, verdict
+    assert verdict["ok"] and verdict["failed_pass"] is None
+    assert [p["name"] for p in verdict["passes"]] == list(smoke.oracle.PASSES)
+    store = next(p for p in verdict["passes"] if p["name"] == "store-hit")
+    assert sum(store["cached_tokens"]) > 0
+
+
+def _corrupt(bed: tb.Bed, name: str) -> None:
+    assert bed.worker(tb.corrupt_store_values)[0] > 0
+
+
+@pytest.mark.realengine
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_smoke_names_the_pass_when_stored_values_are_corrupted(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(smoke, "PASS_HOOKS", {"store-hit": _corrupt})
+    rc, verdict = _smoke(capsys, MEMORY)
+    assert rc == 1, verdict
+    assert verdict["failed_pass"] == "store-hit"
+    store = next(p for p in verdict["passes"] if p["name"] == "store-hit")
+    assert any("verify_fail" in k for k in store["load_failures"]), store
+    assert any("loads failed" in x for x in store["problems"])
+
+
+@pytest.mark.parametrize("cfg,field", [
+    ('{"kv_connector": "MooncakeStoreConnector"}', "kv_connector"),
+    ('{"kv_connector": "TailproofConnector", "kv_connector_extra_config": {"bogus": 1}}',
+     "bogus"),
+    ("[1]", "JSON object"),
+    ("{not json", "not JSON"),
+    ("@/nonexistent/ktc.json", "cannot read"),
+])
+def test_smoke_rejects_bad_input(capsys: pytest.CaptureFixture[str], cfg: str,
+                                 field: str) -> None:
+    pytest.importorskip("vllm")
+    rc = cli.main(["smoke", "--kv-transfer-config", cfg])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert field in err and err.count("\n") == 1 and "(fix: " in err
