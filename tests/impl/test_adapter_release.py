@@ -48,15 +48,17 @@ def _round(traces: list) -> None:  # type: ignore[type-arg]
 def test_corpus_ten_times_flat_threads_and_memory() -> None:
     traces = _connector_traces()
     assert len(traces) >= 20
-    threads0 = threading.active_count()
     _round(traces)  # warm-up: imports, allocator arenas, vLLM's caches
+    # Measured after the warm-up: threads earlier tests of this process left behind may end
+    # while the rounds run (never counted as growth); a leak adds threads every round.
+    threads0 = threading.active_count()
     rss1 = _rss_mib()
     threads, rss = [], []
     for _ in range(9):
         _round(traces)
         threads.append(threading.active_count())
         rss.append(_rss_mib())
-    assert threads == [threads0] * 9, threads  # before the fix: +2 per rank per trace
+    assert max(threads) <= threads0, (threads0, threads)  # before the fix: +2 per rank per trace
     assert max(rss) - rss1 < 32, (rss1, rss)  # before the fix: +8 MiB a round here
 
 
