@@ -3,7 +3,7 @@
 # $OUT, default ./out/device): the corpus on the impl adapter with CUDA KV tensors (memory store
 # and a real Mooncake master on 127.0.0.1), the CUDA data-plane tests (pinned staging pool, the
 # step's CUDA event ordering the sender's device-to-host copies, loads on the copy stream), and
-# the store benchmarks.
+# the store benchmarks, and Model Runner V2 end to end in the real engine.
 # Not runnable on a CPU-only machine: it stops at once when torch sees no CUDA device.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,4 +26,9 @@ if grep -q "skipped" "$OUT/cuda-worker-test.txt"; then
   echo "CUDA data-path tests were skipped on a CUDA machine" >&2
   exit 1
 fi
+# Model Runner V2 end to end (vLLM 0.33's default on a GPU): the real engine with the test-bed
+# model on CUDA and TailproofConnector; cold / warm / store-hit / after-reset outputs against an
+# engine without prefix caching (docs/impl.md, "What vLLM 0.33 hands the connector").
+"$PY" scripts/device_v2_e2e.py --out "$OUT/v2-e2e.json" 2>&1 | tail -n 40 \
+  | tee "$OUT/v2-e2e.log" || echo "Model Runner V2 end to end failed" >&2
 "$PY" benchmarks/store_throughput.py --rounds 20 2>&1 | tee "$OUT/store-throughput.md"

@@ -15,8 +15,15 @@ PLATFORM = "tailproof.conformance.realengine.platform.TestBedPlatform"
 
 
 def enabled() -> bool:
-    """Whether this process asked for the test bed."""
+    """Whether this process asked for the test bed (its CPU platform and its model)."""
     return os.environ.get(ENV) == "1"
+
+
+def model_enabled() -> bool:
+    """Whether this process asked for the test-bed model: with the bed, or alone
+    (``TAILPROOF_TESTBED=model``: the model on vLLM's own platform, e.g. a GPU's, as
+    ``scripts/device_v2_e2e.py`` runs it)."""
+    return enabled() or os.environ.get(ENV) == "model"
 
 
 def activate() -> str | None:
@@ -26,7 +33,7 @@ def activate() -> str | None:
 
 def register_model() -> None:
     """Register the test-bed model with vLLM's ``ModelRegistry`` (test bed only, idempotent)."""
-    if not enabled():
+    if not model_enabled():
         return
     from vllm import ModelRegistry
 
