@@ -51,6 +51,38 @@ def test_smoke_names_the_pass_when_stored_values_are_corrupted(
     assert any("loads failed" in x for x in store["problems"])
 
 
+@pytest.mark.realengine
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.mooncake
+def test_smoke_passes_on_a_real_mooncake_master(capsys: pytest.CaptureFixture[str],
+                                                monkeypatch: pytest.MonkeyPatch,
+                                                tmp_path: Any) -> None:
+    """The check a deployment runs: the user's Mooncake store (a real master on 127.0.0.1),
+    all four passes equal the truth and the store-hit pass is served from the store."""
+    from tailproof.conformance.local_master import LocalMaster
+    from tailproof.impl.stores.mooncake import unavailable_reason
+
+    reason = unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"Mooncake client unavailable: {reason}")
+    # The engine's Mooncake client (in the bed process, which inherits this environment)
+    # listens on loopback only.
+    monkeypatch.setenv("MC_TCP_BIND_ADDRESS", "127.0.0.1")
+    monkeypatch.setenv("MC_LOG_LEVEL", "ERROR")
+    master = LocalMaster(tmp_path).start()
+    try:
+        ktc = tb.tailproof_connector({"store": "mooncake", "master_address": master.address,
+                                      "namespace": "smoke-mooncake",
+                                      "global_segment_size": 64 << 20})
+        rc, verdict = _smoke(capsys, json.dumps(ktc))
+    finally:
+        master.stop()
+    assert rc == 0, verdict
+    store = next(p for p in verdict["passes"] if p["name"] == "store-hit")
+    assert sum(store["cached_tokens"]) > 0 and not store["load_failures"]
+
+
 @pytest.mark.parametrize("cfg,field", [
     ('{"kv_connector": "MooncakeStoreConnector"}', "kv_connector"),
     ('{"kv_connector": "TailproofConnector", "kv_connector_extra_config": {"bogus": 1}}',
