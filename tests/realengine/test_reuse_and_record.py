@@ -23,6 +23,11 @@ from tailproof.conformance.realengine.bed import Bed, EngineSpec, memory_connect
 pytestmark = [pytest.mark.realengine, pytest.mark.slow, pytest.mark.vllm]
 
 TURNS, USERS, MAX_TOKENS = 3, 3, 24
+#: vLLM 0.33's engine default ``prefix_cache_retention_interval=0`` keeps Mamba states sparsely
+#: (``MambaManager.reachable_block_mask``: a decode step that fills a block caches no state and
+#: offers no aligned offload); the trace format and its adapters model dense retention (``None``,
+#: ``KVCacheConfig``'s default), and the recorder flags sparse retention as unmodelled.
+DENSE_RETENTION: dict[str, Any] = {"prefix_cache_retention_interval": None}
 EXTENSION = {"turn_end_checkpoints": "auto", "decode_boundary_saves": "auto",
              "junction_checkpoints": "auto"}
 
@@ -38,7 +43,7 @@ def _conversations(extra: dict[str, Any] | None, record: Path | None
     from the store per turn: vLLM's ``num_cached_tokens`` after a device-cache reset)."""
     env = {"TAILPROOF_RECORD": str(record)} if record is not None else {}
     kt = None if extra is None else memory_connector(f"rt-reuse-{bool(extra)}", **extra)
-    spec = EngineSpec(kv_transfer_config=kt, env=env)
+    spec = EngineSpec(kv_transfer_config=kt, env=env, engine_args=DENSE_RETENTION)
     with Bed(spec) as bed:
         system = _text(30, 200)
         hist = [system + _text(31 + u, 30 + 40 * u) for u in range(USERS)]
@@ -84,16 +89,6 @@ def test_recorded_trace_carries_the_connector_and_the_core(runs: dict[str, Any])
     assert {"conn_step", "sched_lookup", "worker_run", "worker_report"} <= names
 
 
-_RECORDER_GAP = (
-    "found here, not resolved: the trace of vLLM 0.33's real engine (test bed, V1 runner) is "
-    "not faithful at a decode step that fills a 64-token Mamba block: after append_output "
-    "(num_hashes 20), commit (computed 319) and allocate(n=1), the reference and vLLM's own "
-    "KVCacheManager both offer an aligned boundary offload at 320 that the engine did not "
-    "report (drain_offloads expected []); with or without a connector, so the recorder "
-    "misses a setting or call the real engine makes there; capture-harness traces replay)")
-
-
-@pytest.mark.xfail(strict=True, reason=_RECORDER_GAP)
 def test_core_trace_replays_on_reference_and_vllm(runs: dict[str, Any]) -> None:
     """Recorded without a connector: the trace replays with 0 divergences on the reference and
     on vLLM 0.33's own ``KVCacheManager``."""
@@ -106,7 +101,6 @@ def test_core_trace_replays_on_reference_and_vllm(runs: dict[str, Any]) -> None:
     assert result.divergences == []
 
 
-@pytest.mark.xfail(strict=True, reason=_RECORDER_GAP)
 def test_recorded_trace_replays(runs: dict[str, Any]) -> None:
     """The engine's own trace replays with 0 divergences on the reference and, as it carries
     the connector's ops, on ``impl``."""
