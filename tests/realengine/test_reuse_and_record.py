@@ -7,7 +7,8 @@ extension off records its run (``TAILPROOF_RECORD``); its trace is replayed afte
 Oracle: both engines' greedy outputs are equal turn by turn (turn 1 is cold on both), and the
 extension serves more prompt tokens from the store (vLLM's own ``num_cached_tokens``). A third
 engine, without a connector, runs the same workload (outputs equal) and records a core-only
-trace.
+trace. Every engine keeps Mamba states densely (``DENSE_RETENTION``), the retention the traces'
+adapters model.
 """
 
 from __future__ import annotations
