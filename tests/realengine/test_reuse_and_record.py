@@ -99,7 +99,7 @@ def test_core_trace_replays_on_reference_and_vllm(runs: dict[str, Any]) -> None:
     trace = load_trace(runs["core_trace"])
     assert len(trace.ops) > 100
     result = run_trace(trace, ["reference", "vllm"], strict=True)
-    assert result.divergences == []
+    assert result.refused == {} and result.divergences == []
 
 
 def test_recorded_trace_replays(runs: dict[str, Any]) -> None:
@@ -109,4 +109,4 @@ def test_recorded_trace_replays(runs: dict[str, Any]) -> None:
     from tailproof.conformance.trace import load_trace
 
     result = run_trace(load_trace(runs["trace"]), ["reference", "impl"], strict=True)
-    assert result.divergences == []
+    assert result.refused == {} and result.divergences == []
