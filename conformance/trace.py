@@ -53,6 +53,16 @@ class TraceConfig:
     split_block_size: int | None = None
     connector: dict[str, Any] | None = None
     enable_mamba_shared_prefix_checkpoint: bool = False
+    # KVCacheConfig.prefix_cache_retention_interval: None = dense Mamba / sliding-window
+    # checkpoints (the adapters' model); 0 or an interval = sparse (adapters.refusal).
+    prefix_cache_retention_interval: int | None = None
+
+    @property
+    def sparse_retention(self) -> bool:
+        """Whether the engine kept Mamba / sliding-window states sparsely (vLLM 0.33
+        ``SingleTypeKVCacheManager.reachable_block_mask`` with an interval that is not None)."""
+        return self.prefix_cache_retention_interval is not None and any(
+            g.kind in ("mamba_align", "sliding_window") for g in self.groups)
 
     @property
     def block_sizes(self) -> list[int]:
@@ -80,7 +90,7 @@ class Trace:
 _CONFIG_KEYS = {
     "groups", "hash_block_size", "num_blocks", "enable_caching", "use_eagle", "max_model_len",
     "max_num_scheduled_tokens", "long_prefill_token_threshold", "split_block_size", "connector",
-    "enable_mamba_shared_prefix_checkpoint",
+    "enable_mamba_shared_prefix_checkpoint", "prefix_cache_retention_interval",
 }
 
 
@@ -169,6 +179,9 @@ def _parse_config(doc: Any, source: str) -> TraceConfig:
             raise _err(source, "config.split_block_size",
                        f"must be a group block size (the split's Mamba alignment unit), got {v!r}")
         kw["split_block_size"] = v
+    if doc.get("prefix_cache_retention_interval") is not None:
+        kw["prefix_cache_retention_interval"] = _retention(
+            doc["prefix_cache_retention_interval"], groups, source)
     if len(groups) == 1 and kw.get("enable_caching", True) and h != groups[0].block_size:
         # UnitaryKVCacheCoordinator.__init__ asserts it (one group: no finer hashing)
         raise _err(source, "config.hash_block_size",
@@ -179,6 +192,21 @@ def _parse_config(doc: Any, source: str) -> TraceConfig:
         connector = _validate_connector(connector, source)
         _check_extension(connector, groups, bool(kw.get("use_eagle")), source)
     return TraceConfig(tuple(groups), h, nb, connector=connector, **kw)
+
+
+def _retention(v: Any, groups: list[GroupConfig], source: str) -> int:
+    """``prefix_cache_retention_interval``, checked as vLLM 0.33 checks it
+    (``kv_cache_coordinator._validate_prefix_cache_retention_interval``)."""
+    where = "config.prefix_cache_retention_interval"
+    if not _is_int(v) or v < 0:
+        raise _err(source, where, f"must be null or an int >= 0, got {v!r}")
+    if v and not any(g.kind in ("mamba_align", "sliding_window") for g in groups):
+        raise _err(source, where, "an interval > 0 needs a sliding-window or Mamba group")
+    unit = lcm_all([g.block_size for g in groups])
+    if v % unit:
+        raise _err(source, where, f"must be a multiple of the scheduler block size ({unit}), "
+                   f"got {v}")
+    return v
 
 
 def _check_extension(connector: dict[str, Any], groups: list[GroupConfig], use_eagle: bool,

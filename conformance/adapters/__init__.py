@@ -56,9 +56,15 @@ class AdapterRefused(ValueError):
 def refusal(name: str, config: TraceConfig) -> str | None:
     """Why adapter ``name`` refuses a trace of ``config`` (None: it runs it). The vLLM
     adapters refuse the turn-end checkpoint extension (``docs/reuse.md``) rather than run
-    the trace without it."""
+    the trace without it. Every adapter refuses sparse state retention: it replays with dense
+    retention, which offers boundaries the engine did not keep."""
     from tailproof.conformance.connector_ops import extension_refusal
 
+    if config.sparse_retention:
+        return (f"{name}: config.prefix_cache_retention_interval="
+                f"{config.prefix_cache_retention_interval}: sparse Mamba / sliding-window "
+                "retention (vLLM 0.33 reachable_block_mask) is not modelled; the adapters keep "
+                "states densely (record with the interval None)")
     if ADAPTERS[name].runs_extension:
         return None
     why = extension_refusal(config)

@@ -100,6 +100,11 @@ def config_from_scheduler(scheduler: Any) -> dict[str, Any]:
         "long_prefill_token_threshold":
             scheduler.scheduler_config.long_prefill_token_threshold,
     }
+    retention = getattr(kvc, "prefix_cache_retention_interval", None)
+    if retention is not None and any(g["kind"] == "mamba_align" for g in groups):
+        # vLLM's engine default (0) keeps Mamba states sparsely (reachable_block_mask); the
+        # adapters retain densely (KVCacheConfig's default, None) and refuse such a trace.
+        cfg["prefix_cache_retention_interval"] = retention
     split = scheduler.cache_config.block_size
     if split in [g["block_size"] for g in groups]:
         cfg["split_block_size"] = split
@@ -171,13 +176,6 @@ class Recorder:
         self._lock = threading.RLock()  # close() / snapshot() against a running engine
         self._queue = self.pool.free_block_queue  # BlockPool.get_num_free_blocks reads it
         self.closed = False
-        retention = getattr(scheduler.kv_cache_config, "prefix_cache_retention_interval", None)
-        if retention is not None and any(g["kind"] == "mamba_align"
-                                         for g in self.config["groups"]):
-            # vLLM's engine default (0) keeps Mamba checkpoints sparsely; the trace format
-            # and its adapters retain densely (KVCacheConfig's default, None).
-            self.builder.unmodelled_call(f"sparse Mamba retention "
-                                         f"(prefix_cache_retention_interval={retention})")
         note = None if self.config.get("connector") else connector_note(scheduler)
         if note is not None:
             self.builder.unmodelled_call(note)

@@ -1,5 +1,7 @@
 """The recorder's trace ``config`` carries a Mamba group's speculative blocks, so a captured
-engine with speculative decoding replays with the table layout it ran with."""
+engine with speculative decoding replays with the table layout it ran with, and the engine's
+Mamba retention interval, so a trace of sparse retention is refused rather than replayed
+densely (where it diverges at the first decode step that fills a Mamba block)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import pytest
 pytest.importorskip("vllm", reason="vLLM 0.33 is not installed in this environment")
 
 
-def _scheduler(num_spec: int) -> SimpleNamespace:
+def _scheduler(num_spec: int, retention: int | None = None) -> SimpleNamespace:
     import torch
     from vllm.v1.kv_cache_interface import (
         FullAttentionSpec,
@@ -24,7 +26,8 @@ def _scheduler(num_spec: int) -> SimpleNamespace:
                       mamba_cache_mode="align", num_speculative_blocks=num_spec)
     kvc = KVCacheConfig(num_blocks=32, kv_cache_tensors=[],
                         kv_cache_groups=[KVCacheGroupSpec(["a"], fa),
-                                         KVCacheGroupSpec(["m"], mamba)])
+                                         KVCacheGroupSpec(["m"], mamba)],
+                        prefix_cache_retention_interval=retention)
     return SimpleNamespace(
         kv_cache_config=kvc, kv_cache_manager=SimpleNamespace(use_eagle=False),
         hash_block_size=4, cache_config=SimpleNamespace(enable_prefix_caching=True,
@@ -43,3 +46,52 @@ def test_config_records_speculative_blocks(num_spec: int) -> None:
     assert "num_speculative_blocks" not in cfg["groups"][0]
     trace = parse_trace({"format": FORMAT_TAG, "name": "t", "config": cfg, "ops": []})
     assert trace.config.groups[1].num_speculative_blocks == num_spec
+
+
+@pytest.mark.parametrize("retention", [None, 0, 32])
+def test_config_records_sparse_retention_and_every_adapter_refuses_it(
+        retention: int | None) -> None:
+    from tailproof.conformance.adapters import ADAPTERS, AdapterRefused, make_driver, refusal
+    from tailproof.conformance.capture.recorder import config_from_scheduler
+    from tailproof.conformance.trace import FORMAT_TAG, parse_trace
+
+    cfg = config_from_scheduler(_scheduler(0, retention))
+    assert cfg.get("prefix_cache_retention_interval") == retention
+    assert ("prefix_cache_retention_interval" in cfg) == (retention is not None)
+    config = parse_trace({"format": FORMAT_TAG, "name": "t", "config": cfg, "ops": []}).config
+    assert config.sparse_retention == (retention is not None)
+    for name in ADAPTERS:
+        why = refusal(name, config)
+        if retention is None:
+            assert why is None, (name, why)
+        else:
+            assert why is not None and f"prefix_cache_retention_interval={retention}" in why
+    if retention is not None:
+        with pytest.raises(AdapterRefused, match="sparse Mamba"):
+            make_driver("reference", config)
+
+
+@pytest.mark.parametrize(("value", "msg"), [
+    (-1, "must be null or an int >= 0"), (True, "must be null or an int >= 0"),
+    (24, "must be a multiple of the scheduler block size"),
+])
+def test_retention_interval_is_validated(value: object, msg: str) -> None:
+    from tailproof.conformance.capture.recorder import config_from_scheduler
+    from tailproof.conformance.trace import FORMAT_TAG, TraceError, parse_trace
+
+    cfg = {**config_from_scheduler(_scheduler(0)), "prefix_cache_retention_interval": value}
+    with pytest.raises(TraceError, match=f"config.prefix_cache_retention_interval: {msg}"):
+        parse_trace({"format": FORMAT_TAG, "name": "t", "config": cfg, "ops": []})
+
+
+def test_retention_interval_needs_a_sliding_window_or_mamba_group() -> None:
+    from tailproof.conformance.trace import FORMAT_TAG, TraceError, parse_trace
+
+    cfg = {"groups": [{"kind": "full_attention", "block_size": 16}], "hash_block_size": 16,
+           "num_blocks": 8}
+    dense = parse_trace({"format": FORMAT_TAG, "name": "t", "ops": [],
+                         "config": {**cfg, "prefix_cache_retention_interval": 0}}).config
+    assert not dense.sparse_retention  # vLLM: 0 has no effect without such a group
+    with pytest.raises(TraceError, match="needs a sliding-window or Mamba group"):
+        parse_trace({"format": FORMAT_TAG, "name": "t", "ops": [],
+                     "config": {**cfg, "prefix_cache_retention_interval": 16}})
