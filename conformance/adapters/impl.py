@@ -171,9 +171,12 @@ class ScriptedStore(Store):
         return self.inner.remove_all()
 
     def removal_count(self) -> int | None:
-        """This wrapper's removals plus the inner store's (None if that one cannot tell)."""
+        """This wrapper's removals plus the inner store's. The trace's own removals
+        (``store_remove``) pass through here, so they are reported even over a store that
+        cannot count its own (Mooncake: its evictions stay unseen, and a remembered hit it
+        evicted fails its load closed; the corpus's pools never evict)."""
         inner = self.inner.removal_count()
-        return None if inner is None else inner + self.removed
+        return self.removed + (inner or 0)
 
     def close(self) -> None:
         self.inner.close()

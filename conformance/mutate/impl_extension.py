@@ -69,8 +69,8 @@ MUTANTS: list[Mutant] = [
            "the junction job's copies are released twice, the job's pin with the connector's "
            "reference, so a later allocation can take them before the workers read them"),
     Mutant("jn-stop-on-grid", SS, "SchedulerSide._set_junction",
-           "or all(j % geo.block_sizes[g] == 0 for g in self._mamba_groups)",
-           "or False",
+           "if all(j % geo.block_sizes[g] == 0 for g in self._mamba_groups):",
+           "if False:",
            "a junction on every Mamba block grid still stops the chunk and gets a job (its "
            "aligned state is handed off and stored anyway): a needless stop and copy"),
 ]
