@@ -471,13 +471,20 @@ def divergent_hits_limits(geo: StoreGeometry, vllm_config: Any) -> list[str]:
     """Why ``divergent_local_hits`` cannot run on this engine: a load restores only what lies
     past the local hit plus the Mamba state at its end, so a lagging sliding-window group (its
     window below the local hit) and EAGLE's dropped proof block would be left unrestored."""
+    return [f"divergent_local_hits=true is not supported here: {w}"
+            for w in _speculation_and_windows(geo, vllm_config)]
+
+
+def _speculation_and_windows(geo: StoreGeometry, vllm_config: Any) -> list[str]:
+    """What neither the reuse extension nor divergent hits can run with: speculative
+    decoding (EAGLE included) and sliding-window groups."""
     why: list[str] = []
     if getattr(vllm_config, "speculative_config", None) is not None or geo.use_eagle:
         why.append("speculative decoding is configured")
     if geo.window_group_ids:
         groups = sorted(geo.core_group_ids[g] for g in geo.window_group_ids)
         why.append(f"KV cache group(s) {groups} use a sliding window")
-    return [f"divergent_local_hits=true is not supported here: {w}" for w in why]
+    return why
 
 
 def reuse_extension_limits(geo: StoreGeometry, vllm_config: Any, kv_cache_config: Any
@@ -487,12 +494,7 @@ def reuse_extension_limits(geo: StoreGeometry, vllm_config: Any, kv_cache_config
     would need its own rule."""
     from vllm.v1.kv_cache_interface import MambaSpec
 
-    why: list[str] = []
-    if getattr(vllm_config, "speculative_config", None) is not None or geo.use_eagle:
-        why.append("speculative decoding is configured")
-    if geo.window_group_ids:
-        groups = sorted(geo.core_group_ids[g] for g in geo.window_group_ids)
-        why.append(f"KV cache group(s) {groups} use a sliding window")
+    why = _speculation_and_windows(geo, vllm_config)
     for gid in geo.core_group_ids:
         spec = kv_cache_config.kv_cache_groups[gid].kv_cache_spec
         if isinstance(spec, MambaSpec) and spec.num_speculative_blocks:

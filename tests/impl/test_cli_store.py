@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from proc_tree import alive, children  # noqa: E402
 
 from tailproof.conformance.cli import corpus_paths, main
 
@@ -23,10 +24,10 @@ def _master_pids() -> set[int]:
     """Live mooncake_master processes that this test process started (other suites on the same
     machine run masters of their own)."""
     pids = set()
-    for pid in _children(os.getpid()):
+    for pid in children(os.getpid()):
         try:
             if Path(f"/proc/{pid}/comm").read_text().strip().startswith("mooncake_maste"):
-                if _alive(pid):
+                if alive(pid):
                     pids.add(pid)
         except OSError:
             continue
@@ -55,27 +56,6 @@ def test_memory_store_and_given_master(mooncake_master: str,
         assert (rc, out["divergences"]) == (0, []), extra
 
 
-def _children(pid: int) -> list[int]:
-    out = []
-    for p in Path("/proc").iterdir():
-        if p.name.isdigit():
-            try:
-                stat = (p / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                out.append(int(p.name))
-    return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_to_the_cli_stops_the_master_it_started(mooncake_master: str,
                                                        sig: signal.Signals) -> None:
@@ -94,14 +74,14 @@ def test_signal_to_the_cli_stops_the_master_it_started(mooncake_master: str,
         while not masters:
             assert proc.poll() is None, proc.stderr.read().decode()[-2000:]  # type: ignore
             assert time.monotonic() < deadline, "the CLI started no master"
-            masters = [c for c in _children(proc.pid)
+            masters = [c for c in children(proc.pid)
                        if Path(f"/proc/{c}/comm").read_text().startswith("mooncake_maste")]
             time.sleep(0.1)
         proc.send_signal(sig)
         rc = proc.wait(timeout=60)
         # interrupted, not a clean run (the CLI's stderr says how it ended, if it did not)
         assert rc != 0, proc.stderr.read().decode()[-2000:]  # type: ignore[union-attr]
-        assert not _alive(masters[0]), "mooncake_master outlived the CLI"
+        assert not alive(masters[0]), "mooncake_master outlived the CLI"
     finally:
         if proc.poll() is None:
             proc.kill()

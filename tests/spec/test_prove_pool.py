@@ -7,10 +7,10 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
+from proc_tree import alive, children  # noqa: E402
 
 pytest.importorskip("z3", reason="the proofs need z3-solver")
 
@@ -42,27 +42,6 @@ def test_pool_report_equals_one_process() -> None:
     assert sum(ln.endswith("CPU)") for ln in seen) == len(seen) - 1
 
 
-def _children(pid: int) -> list[int]:
-    out = []
-    for p in Path("/proc").iterdir():
-        if p.name.isdigit():
-            try:
-                stat = (p / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                out.append(int(p.name))
-    return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 def test_ctrl_c_stops_the_workers() -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "tailproof.conformance.cli", "prove", "--jobs", "2"],
@@ -77,14 +56,14 @@ def test_ctrl_c_stops_the_workers() -> None:
         workers: list[int] = []
         while len(workers) < 2:
             assert proc.poll() is None and time.monotonic() < deadline
-            workers = _children(proc.pid)
+            workers = children(proc.pid)
             time.sleep(0.05)
         proc.send_signal(signal.SIGINT)
         rc = proc.wait(timeout=60)
         err = proc.stderr.read()
         assert rc == 130, err[-2000:]
         assert "tailproof: interrupted" in err and "Traceback" not in err, err[-2000:]
-        assert not [w for w in workers if _alive(w)], "a worker outlived the CLI"
+        assert not [w for w in workers if alive(w)], "a worker outlived the CLI"
     finally:
         if proc.poll() is None:
             proc.kill()
