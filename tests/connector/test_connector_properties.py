@@ -99,4 +99,6 @@ def test_a_broken_reference_is_caught_and_shrunk(monkeypatch: pytest.MonkeyPatch
         _check(200, "mutant")
     written = tmp_path / "mutant.json"
     assert written.exists()
-    assert "conn_step" in str(info.value)
+    # The dropped tail puts surface where a job with a partial tail is emitted: a step's save
+    # (conn_step) or a finishing request's hand-off (conn_finish); hypothesis may find either.
+    assert any(op in str(info.value) for op in ("conn_step", "conn_finish")), info.value
