@@ -41,7 +41,7 @@ def test_each_skip_is_counted_by_reason_and_logged_once(
     side._set_junction(b, 0)  # junction 48, off the Mamba grid (64): a stop is set
     assert total("junctions_set") == 1 and b.shared_prefix_boundary == 48
     side.vllm_keys_junctions = False  # no EAGLE group: vLLM keys no state at its junction
-    with caplog.at_level(logging.INFO, logger="tailproof.impl.scheduler_side"):
+    with caplog.at_level(logging.INFO, logger="tailproof.impl.junctions"):
         side._set_junction(_req("c", 3, spb=48), 0)
         side._set_junction(_req("c2", 3, spb=48), 0)
     assert total("junctions_skipped_vllm_junction_unkeyed") == 2
