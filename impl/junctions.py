@@ -122,13 +122,12 @@ class JunctionCheckpoints:
         if j < spb:
             return self._junction_skipped("vllm_junction_later",
                                           "vLLM's own junction stops the chunk later")
-        if j == spb:
-            if self.vllm_keys_junctions:
-                return self._junction_skipped("vllm_junction",
-                                              "vLLM marks and stores this junction itself")
-            return self._junction_skipped(
-                "vllm_junction_unkeyed", "vLLM marks this junction itself but keys no Mamba "
-                "state there (it does only with an EAGLE group): the state is recomputed")
+        if j == spb and self.vllm_keys_junctions:
+            return self._junction_skipped("vllm_junction",
+                                          "vLLM marks and stores this junction itself")
+        # j == spb without an EAGLE group: vLLM marks this junction itself (its split stops the
+        # chunk there, exactly through the hook) but MambaManager keys no state at it, so it
+        # is taken like any other (docs/junctions.md, extension rule 2).
         if all(j % geo.block_sizes[g] == 0 for g in self._mamba_groups):
             return self._junction_skipped("aligned", "vLLM hands off an aligned state there")
         if not self.exact_junction_stops:
@@ -138,6 +137,8 @@ class JunctionCheckpoints:
                 self._warned_no_hook = True
             self.metrics.c.inc("junctions_skipped_no_hook")
             return
+        if j == spb:
+            self.metrics.c.inc("junctions_set_at_vllm_junction")
         request.shared_prefix_boundary = j
         self.junction_targets[rid] = j
         self.metrics.c.inc("junctions_set")
@@ -159,16 +160,25 @@ class JunctionCheckpoints:
         dropped at once)."""
         geo = self.geo
         for rid, n in self._step_end.items():
-            if self.junction_targets.get(rid) != n:
-                continue
+            target = self.junction_targets.get(rid)
+            if target is None or n < target:
+                continue  # no stop pending, or the chunk ended before it (a later one stops)
             del self.junction_targets[rid]
+            if n > target:  # the chunk ran past it: vLLM moved the request's junction
+                self._junction_skipped("stop_missed", "the chunk did not stop at it (vLLM "
+                                       "re-assigned Request.shared_prefix_boundary)")
+                continue
             req = self.unfinished_requests[rid][0]
             table = state.get_block_ids(rid)
             srcs = self._snapshot_sources(table, n)
             k = len(self._mamba_groups)
-            if srcs is None or self.pool.get_num_free_blocks() - k < (
-                    self.settings.checkpoint_reserve_blocks):
-                self.metrics.c.inc("junction_jobs_skipped")
+            if srcs is None:
+                self._junction_skipped("no_source", "the request's running Mamba state block "
+                                       "is missing or the null block")
+                continue
+            if self.pool.get_num_free_blocks() - k < self.settings.checkpoint_reserve_blocks:
+                self._junction_skipped("reserve", "taking a block would leave fewer than "
+                                       "checkpoint_reserve_blocks free")
                 continue
             slots = [b.block_id for b in self.pool.get_new_blocks(k)]
             meta.snapshots += [Snapshot(rid, g, src, slot, n) for g, src, slot in

@@ -64,6 +64,20 @@ class TurnEndCheckpoints:
         self._inflight: dict[bytes, list[int]] = {}
         self._job_keys: dict[int, list[bytes]] = {}
         self._track_inflight = settings.reuse_extension and settings.checkpoint_lookup_wait
+        self._reuse_reasons_logged: set[str] = set()
+        if settings.reuse_extension and settings.is_consumer:
+            logger.info("TailproofConnector: the reuse extension is on but the role is a "
+                        "consumer, which stores nothing: no snapshots, turn-end, decode-"
+                        "boundary or junction checkpoints (docs/reuse.md)")
+
+    def _reuse_skipped(self, counter: str, why: str) -> None:
+        """Count a checkpoint the extension would take but cannot, and say why once per
+        counter (``snapshots_skipped``, ``snapshots_no_source``, ``turn_end_not_flushed``)."""
+        self.metrics.c.inc(counter)
+        if counter not in self._reuse_reasons_logged:
+            self._reuse_reasons_logged.add(counter)
+            logger.info("TailproofConnector: a turn-end checkpoint was not taken: %s (counted "
+                        "as %s; logged once)", why, counter)
 
     def _awaits_inflight(self, request: Any, hit: int) -> bool:
         """Rule 7: whether ``request``'s prompt extends, past ``hit``, a Mamba boundary an
@@ -142,12 +156,15 @@ class TurnEndCheckpoints:
                 continue
             srcs = self._snapshot_sources(state.get_block_ids(rid), n)
             if srcs is None:
-                self.metrics.c.inc("snapshots_no_source")
+                self._reuse_skipped("snapshots_no_source", "the running Mamba state block is "
+                                    "missing or the null block")
                 continue
             final = n == self._final_boundary(req)
             slots = self._snapshot_blocks(rid, final)
             if slots is None:
-                self.metrics.c.inc("snapshots_skipped")
+                self._reuse_skipped("snapshots_skipped", "checkpoint_slots requests hold "
+                                    "snapshot blocks, or checkpoint_reserve_blocks would not "
+                                    "stay free")
                 continue
             self.snapshot_slots[rid] = (slots, n)
             meta.snapshots += [Snapshot(rid, g, src, slot, n)
@@ -225,7 +242,8 @@ class TurnEndCheckpoints:
                 raise AssertionError(f"{rid}: second turn-end flush")
             self.finished_turn_ends[rid] = self._stamp(job)
         else:
-            self.metrics.c.inc("turn_end_not_flushed")
+            self._reuse_skipped("turn_end_not_flushed", "at finish the snapshot lies past the "
+                                "computed tokens or the hashes, or the request has no tracker")
         self.release_snapshot(rid)
         return job
 

@@ -75,6 +75,11 @@ MUTANTS: list[Mutant] = [
            "if False:",
            "a junction on every Mamba block grid still stops the chunk and gets a job (its "
            "aligned state is handed off and stored anyway): a needless stop and copy"),
+    Mutant("jn-unkeyed-vllm-junction-skipped", JN, "JunctionCheckpoints._set_junction",
+           "if j == spb and self.vllm_keys_junctions:", "if j == spb:",
+           "vLLM's own junction is skipped even where MambaManager keys no state there (no "
+           "EAGLE group): the chunk stops at it and the state is lost, so every later "
+           "request sharing the prefix recomputes it (issue 22's agent workload)"),
 ]
 
 
