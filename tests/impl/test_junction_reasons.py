@@ -67,7 +67,7 @@ def test_each_skip_is_counted_by_reason_and_logged_once(
 @pytest.mark.vllm
 def test_hook_reads_whether_vllm_keys_its_junction() -> None:
     """On the real Scheduler without an EAGLE group vLLM keys no state at its own junction:
-    the hook records it, so such skips are told apart (``vllm_junction_unkeyed``)."""
+    the hook records it, so the connector takes such junctions itself (extension rule 2)."""
     pytest.importorskip("vllm")
     from engine_sim import Engine
 
