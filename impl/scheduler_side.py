@@ -29,11 +29,12 @@ a shared body would compare a function with itself. Pure arithmetic is shared in
 * every block a store job may read is pinned (``block_pool.touch``) when the job is emitted
   and released exactly once, when every worker reported the job; so requests never delay
   their own free (``request_finished_all_groups`` answers ``(False, None)``);
-* reuse extension (``docs/reuse.md``, off by default): with ``turn_end_checkpoints`` a step
-  that ends on a hash boundary past ck(P) has the running Mamba state copied into the
-  request's snapshot blocks (taken from vLLM's block pool, bounded), and at finish the last
-  snapshot is stored once with the attention KV up to it (:meth:`SchedulerSide.finish_turn`);
-  with ``decode_boundary_saves`` the core's decode-time aligned Mamba states are stored too.
+* reuse extension (``docs/reuse.md``, ``docs/junctions.md``; off by default, not vLLM 0.33):
+  the turn-end checkpoints, decode-time block boundaries and lookup wait live in
+  ``turn_end.TurnEndCheckpoints``, the junction checkpoints in ``junctions.JunctionCheckpoints``
+  (mixins of :class:`SchedulerSide`, as ``reference.connector.turn_end`` / ``.junctions`` are
+  collaborators of the reference scheduler); the calls into them here are marked
+  ``EXTENSION`` and change nothing while the settings leave them off.
 """
 
 from __future__ import annotations
@@ -44,30 +45,22 @@ from dataclasses import dataclass
 from typing import Any
 
 from tailproof.impl.config import Settings, StoreGeometry
-from tailproof.impl.junctions import JunctionIndex
+from tailproof.impl.junctions import JunctionCheckpoints
 from tailproof.impl.keys import INITIAL_EPOCH
 from tailproof.impl.lookup import StoreLookup
 from tailproof.impl.meta import (
     BoundaryPut,
     LoadJob,
-    Snapshot,
     StoreJob,
     TailKeyBoundary,
     TailproofMeta,
     TailproofWorkerMeta,
 )
 from tailproof.impl.metrics import SchedulerMetrics
-from tailproof.spec.arithmetic import (
-    NULL_BLOCK_ID,
-    checkpoint_position,
-    partial_tail_puts,
-    running_state_index,
-    snapshot_due,
-    turn_end_attention_puts,
-)
+from tailproof.impl.turn_end import TurnEndCheckpoints
+from tailproof.spec.arithmetic import NULL_BLOCK_ID, partial_tail_puts
 
 logger = logging.getLogger(__name__)
-
 
 
 @dataclass(kw_only=True)
@@ -102,8 +95,9 @@ class RequestTracker:
         self.partial_tail_sent = False
 
 
-class SchedulerSide:
-    """The connector's scheduler role (one per engine)."""
+class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
+    """The connector's scheduler role (one per engine); the reuse extension's parts are its
+    mixins (module docstring)."""
 
     def __init__(
         self, settings: Settings, geo: StoreGeometry, lookup: StoreLookup | None,
@@ -134,32 +128,8 @@ class SchedulerSide:
         # reported preempted in that meta was preempted before this schedule() (rule below).
         self.admitted: set[str] = set()
         self._eagle_margins = tuple(geo.eagle_proof_margin(g) for g in range(geo.num_groups))
-        # Reuse extension (docs/reuse.md): rid -> (snapshot block per Mamba store group, in
-        # store order; the boundary their content is the state of).
-        self.snapshot_slots: dict[str, tuple[list[int], int]] = {}
-        self.finished_turn_ends: dict[str, StoreJob] = {}
-        self._mamba_groups = tuple(g for g in range(geo.num_groups) if geo.is_mamba[g])
-        self._step_end: dict[str, int] = {}  # rid -> real tokens computed after this step
-        self.reuse_disabled = False  # set once if a step shows what the extension refuses
-        # Junction checkpoints (docs/junctions.md): admitted prompts' hashes, each request's
-        # junction (computed once, at its first admission), and the ones whose stop is pending.
-        # A consumer stores nothing, so it never stops a chunk at a junction either.
-        self.junction_index = (JunctionIndex(settings.junction_index_blocks)
-                               if settings.junction_checkpoints and not settings.is_consumer
-                               else None)
-        self.junction_seen: dict[str, int] = {}
-        self.junction_targets: dict[str, int] = {}
-        self.exact_junction_stops = False  # set by TailproofConnector.on_scheduler_built
-        self._warned_no_hook = False
-        self._junction_reasons_logged: set[str] = set()
-        # Whether vLLM keys the Mamba state at its own junction (KVCacheManager's
-        # ``mamba_shared_prefix_checkpoint``: only with an EAGLE group); set by the hook.
-        self.vllm_keys_junctions = True
-        # Lookup wait (docs/reuse.md, rule 7): key hash of a Mamba boundary an in-flight job
-        # puts -> [boundary, jobs putting it]; job -> those hashes.
-        self._inflight: dict[bytes, list[int]] = {}
-        self._job_keys: dict[int, list[bytes]] = {}
-        self._track_inflight = settings.reuse_extension and settings.checkpoint_lookup_wait
+        self._init_turn_end(settings, geo)  # EXTENSION (turn_end.py)
+        self._init_junctions(settings)  # EXTENSION (junctions.py)
 
     # ------------------------------------------------------------------ lookup / alloc
 
@@ -324,311 +294,6 @@ class SchedulerSide:
                 continue
             meta.loads.append(self._load_job(rid, ids, req, spec, is_async=True))
             self.metrics.loads_emitted += 1
-
-    # ------------------------------------------------------------------ junctions
-
-    def _set_junction(self, request: Any, hit: int) -> None:
-        """Junction rule 1 (docs/junctions.md): the longest prefix (h-floored, below the
-        prompt's own checkpoint) this prompt shares with an earlier admitted one; when it is
-        past every hit and off the Mamba grid, the request's chunk stops there
-        (``Request.shared_prefix_boundary``, read by ``Scheduler._mamba_block_aligned_split``
-        in this same step; exact through the scheduler hook) and a junction job stores it."""
-        rid = request.request_id
-        self.junction_targets.pop(rid, None)  # an earlier ask of a request not then scheduled
-        geo = self.geo
-        h = geo.hash_block_size
-        p = request.num_prompt_tokens
-        j = self.junction_seen.get(rid)
-        if j is None:  # first admission: compare with earlier prompts, then index this one
-            assert self.junction_index is not None
-            j = self.junction_index.known_prefix_blocks(request.block_hashes, (p - 1) // h) * h
-            self.junction_index.add(request.block_hashes, p // h)
-            self.junction_seen[rid] = j
-        ck = checkpoint_position(p, h, geo.use_eagle)
-        if j <= 0:
-            return  # nothing shared with an earlier prompt
-        spb = request.shared_prefix_boundary
-        if j <= hit:
-            return self._junction_skipped("served", "the store or local cache already serves it")
-        if j >= ck:
-            return self._junction_skipped("prompt_tail", "it is the prompt's own checkpoint")
-        if j < spb:
-            return self._junction_skipped("vllm_junction_later",
-                                          "vLLM's own junction stops the chunk later")
-        if j == spb:
-            if self.vllm_keys_junctions:
-                return self._junction_skipped("vllm_junction",
-                                              "vLLM marks and stores this junction itself")
-            return self._junction_skipped(
-                "vllm_junction_unkeyed", "vLLM marks this junction itself but keys no Mamba "
-                "state there (it does only with an EAGLE group): the state is recomputed")
-        if all(j % geo.block_sizes[g] == 0 for g in self._mamba_groups):
-            return self._junction_skipped("aligned", "vLLM hands off an aligned state there")
-        if not self.exact_junction_stops:
-            if not self._warned_no_hook:
-                logger.warning("junction_checkpoints is on but vLLM's scheduler hook did not "
-                               "run (docs/junctions.md, 'The hook'): no junction stops")
-                self._warned_no_hook = True
-            self.metrics.c.inc("junctions_skipped_no_hook")
-            return
-        request.shared_prefix_boundary = j
-        self.junction_targets[rid] = j
-        self.metrics.c.inc("junctions_set")
-
-    def _junction_skipped(self, reason: str, why: str) -> None:
-        """Count a junction the extension resolved on but did not act on, and say why once
-        per reason (``junctions_skipped_<reason>``; docs/junctions.md)."""
-        self.metrics.c.inc(f"junctions_skipped_{reason}")
-        if reason not in self._junction_reasons_logged:
-            self._junction_reasons_logged.add(reason)
-            logger.info("TailproofConnector: a junction was not stored: %s "
-                        "(counted as junctions_skipped_%s; logged once)", why, reason)
-
-    def _junction_jobs(self, state: Any, meta: TailproofMeta) -> None:
-        """Junction rule 2: a step whose chunk ended at the request's junction copies the running
-        state into fresh blocks (``meta.snapshots``, applied after the forward) and a store job
-        of this same step puts them under the junction's key with the attention KV from the lcm
-        floor; the job's pins are the blocks' only holders (the connector's reference is
-        dropped at once)."""
-        geo = self.geo
-        for rid, n in self._step_end.items():
-            if self.junction_targets.get(rid) != n:
-                continue
-            del self.junction_targets[rid]
-            req = self.unfinished_requests[rid][0]
-            table = state.get_block_ids(rid)
-            srcs = self._snapshot_sources(table, n)
-            k = len(self._mamba_groups)
-            if srcs is None or self.pool.get_num_free_blocks() - k < (
-                    self.settings.checkpoint_reserve_blocks):
-                self.metrics.c.inc("junction_jobs_skipped")
-                continue
-            slots = [b.block_id for b in self.pool.get_new_blocks(k)]
-            meta.snapshots += [Snapshot(rid, g, src, slot, n) for g, src, slot in
-                               zip(self._mamba_groups, srcs, slots, strict=True)]
-            ids = tuple(list(table[g]) for g in geo.core_group_ids)
-            lcm = geo.lcm_block_size
-            job = self._checkpoint_job(req, slots, n, ids, n // lcm * lcm, n, "junction_jobs")
-            blocks = self.pool.blocks
-            self.pool.free_blocks([blocks[b] for b in slots])
-            meta.stores.append(job)
-
-    # ------------------------------------------------------------------ reuse extension
-
-    def _awaits_inflight(self, request: Any, hit: int) -> bool:
-        """Rule 7: whether ``request``'s prompt extends, past ``hit``, a Mamba boundary an
-        in-flight store job is putting -- a turn sent as its predecessor finished would
-        otherwise look up before the flush landed and resume at ck(P)."""
-        h = self.geo.hash_block_size
-        hashes = request.block_hashes
-        for hh, (b, _) in self._inflight.items():
-            if hit < b < request.num_tokens and b // h <= len(hashes) and hashes[b // h - 1] == hh:
-                return True
-        return False
-
-    def _register_inflight(self, s: StoreJob) -> None:
-        """Remember the Mamba boundary keys of a pinned job until its pins are released."""
-        if s.store_job_id not in self.pinned_saves:
-            return  # nothing pinned, nothing released later: never a key to wait on
-        h, mamba = self.geo.hash_block_size, self.geo.is_mamba
-        keys = []
-        for p in s.boundary_puts:
-            if mamba[p.group_id] and 0 < p.num_tokens // h <= len(s.block_hashes):
-                hh = s.block_hashes[p.num_tokens // h - 1]
-                ent = self._inflight.setdefault(hh, [p.num_tokens, 0])
-                ent[1] += 1
-                keys.append(hh)
-        if keys:
-            self._job_keys[s.store_job_id] = keys  # type: ignore[index]
-
-    def _release_inflight(self, job: int) -> None:
-        for hh in self._job_keys.pop(job, ()):
-            ent = self._inflight[hh]
-            ent[1] -= 1
-            if ent[1] == 0:
-                del self._inflight[hh]
-
-    def _check_step_supported(self, so: Any) -> None:
-        """Disable the extension (one logged error) when a step shows speculative tokens: the
-        config check refuses speculative decoding, this catches what it could not see; a
-        snapshot of a step that does not end on a known boundary would store wrong bytes."""
-        if not getattr(so, "scheduled_spec_decode_tokens", None):
-            return
-        logger.error("TailproofConnector: a step scheduled speculative tokens; turn-end "
-                     "checkpoints and decode boundary saves are disabled (docs/reuse.md, "
-                     "Limits)")
-        self.reuse_disabled = True
-        for rid in list(self.snapshot_slots):
-            self.release_snapshot(rid)
-
-    def _step_ends(self, so: Any) -> dict[str, int]:
-        """Per scheduled request, in vLLM's order (new, then ``CachedRequestData``: running,
-        then resumed): computed tokens at schedule time + the step's real tokens, i.e. where
-        this step's forward leaves the request. Every scheduled non-draft token is real,
-        including the placeholder of a token still being sampled under async scheduling
-        (vLLM 0.33's default): not ``num_tokens - computed``, which misses that one."""
-        out: dict[str, int] = {}
-        sched = so.num_scheduled_tokens
-        drafts = getattr(so, "scheduled_spec_decode_tokens", None) or {}
-        cached = so.scheduled_cached_reqs
-        rows = [(nr.req_id, nr.num_computed_tokens) for nr in so.scheduled_new_reqs]
-        rows += zip(cached.req_ids, cached.num_computed_tokens, strict=True)
-        for rid, computed in rows:
-            if rid in self.unfinished_requests:
-                out[rid] = computed + sched[rid] - len(drafts.get(rid, ()))
-        return out
-
-    def _take_snapshots(self, so: Any, state: Any, meta: TailproofMeta) -> None:
-        """Rule 1: every request whose step ends on a hash boundary past ck(P) gets its running
-        Mamba state copied into its snapshot blocks (taken now if it has none and the bounds
-        allow; otherwise skipped, counted)."""
-        geo = self.geo
-        if not self._mamba_groups:
-            return
-        h = geo.hash_block_size
-        for rid, n in self._step_end.items():
-            req = self.unfinished_requests[rid][0]
-            if not snapshot_due(n, req.num_prompt_tokens, h, geo.use_eagle):
-                continue
-            srcs = self._snapshot_sources(state.get_block_ids(rid), n)
-            if srcs is None:
-                self.metrics.c.inc("snapshots_no_source")
-                continue
-            final = n == self._final_boundary(req)
-            slots = self._snapshot_blocks(rid, final)
-            if slots is None:
-                self.metrics.c.inc("snapshots_skipped")
-                continue
-            self.snapshot_slots[rid] = (slots, n)
-            meta.snapshots += [Snapshot(rid, g, src, slot, n)
-                               for g, src, slot in zip(self._mamba_groups, srcs, slots,
-                                                       strict=True)]
-            self.metrics.c.inc("snapshots_taken")
-            t = self.request_trackers.get(rid)
-            if n == self._final_boundary(req) and t is not None and self.settings.is_producer:
-                # Rule 3b: the last boundary before a finish by length is flushed now (the
-                # job runs after this step's copy), not at finish: a next turn sent as soon as
-                # this one ends then finds it stored.
-                table = state.get_block_ids(rid)
-                ids = tuple(list(table[g]) for g in geo.core_group_ids)
-                meta.stores.append(self._checkpoint_job(req, slots, n, ids, t.num_saved_tokens, n))
-                self.release_snapshot(rid)
-
-    def _snapshot_sources(self, table: Any, n: int) -> list[int] | None:
-        """The running state block of every Mamba group after ``n`` tokens (None when any is
-        missing or the null block: never a snapshot of the null block)."""
-        if table is None:
-            return None
-        out: list[int] = []
-        for g in self._mamba_groups:
-            ids = table[self.geo.core_group_ids[g]]
-            i = running_state_index(n, self.geo.block_sizes[g])
-            if i >= len(ids) or ids[i] == NULL_BLOCK_ID:
-                return None
-            out.append(ids[i])
-        return out
-
-    def _snapshot_blocks(self, rid: str, final: bool) -> list[int] | None:
-        """The request's snapshot blocks (overwritten), or new ones from vLLM's pool
-        (``BlockPool.get_new_blocks``, one reference held by the connector) if fewer than
-        ``checkpoint_slots`` requests hold some and the pool keeps ``checkpoint_reserve_blocks``
-        free blocks; else None. A ``final`` snapshot (rule 3b: flushed in this same step, so
-        its blocks are held one step, by the job) needs only free blocks and no slot."""
-        held = self.snapshot_slots.get(rid)
-        if held is not None:
-            return held[0]
-        k = len(self._mamba_groups)
-        if not final and len(self.snapshot_slots) >= self.settings.checkpoint_slots:
-            return None
-        reserve = 0 if final else self.settings.checkpoint_reserve_blocks
-        if self.pool.get_num_free_blocks() - k < reserve:
-            return None
-        return [b.block_id for b in self.pool.get_new_blocks(k)]
-
-    def release_snapshot(self, rid: str) -> None:
-        """Drop the connector's reference on ``rid``'s snapshot blocks (if it holds any)."""
-        held = self.snapshot_slots.pop(rid, None)
-        if held is not None:
-            blocks = self.pool.blocks
-            self.pool.free_blocks([blocks[b] for b in held[0]])
-
-    def finish_turn(self, request: Any, block_ids: tuple[list[int], ...]) -> StoreJob | None:
-        """Rule 3, at finish (``request_finished_all_groups``, before the core frees the
-        request's blocks; ``block_ids`` per core group): store the last snapshot once -- the
-        attention KV up to its boundary, then the snapshot blocks under its key. The job pins
-        its blocks now, then the connector's own reference on the slots is dropped; the job is
-        emitted with the next meta. Without a flush the slots are just released."""
-        rid = request.request_id
-        held = self.snapshot_slots.get(rid)
-        if held is None:
-            return None
-        slots, b = held
-        t = self.request_trackers.get(rid)
-        geo = self.geo
-        job = None
-        if (self.settings.is_producer and t is not None and b <= request.num_computed_tokens
-                and b // geo.hash_block_size <= len(request.block_hashes)):
-            ids = tuple(list(block_ids[g]) for g in geo.core_group_ids)
-            job = self._checkpoint_job(request, slots, b, ids, t.num_saved_tokens,
-                                     request.num_computed_tokens)
-            if rid in self.finished_turn_ends:
-                raise AssertionError(f"{rid}: second turn-end flush")
-            self.finished_turn_ends[rid] = self._stamp(job)
-        else:
-            self.metrics.c.inc("turn_end_not_flushed")
-        self.release_snapshot(rid)
-        return job
-
-    def _checkpoint_job(self, request: Any, slots: list[int], b: int,
-                        ids: tuple[list[int], ...], saved_tokens: int, completed: int,
-                        metric: str = "turn_end_jobs") -> StoreJob:
-        """The pinned job storing a snapshot at ``b`` (a turn end or a junction): the attention
-        KV from ``saved_tokens`` up to ``b``, then the snapshot blocks under ``b``'s key."""
-        geo = self.geo
-        attn = turn_end_attention_puts(
-            boundary=b, saved_tokens=saved_tokens, completed_token_len=completed,
-            num_hashes=len(request.block_hashes), block_ids=ids, block_sizes=geo.block_sizes,
-            is_mamba=geo.is_mamba, eagle_margins=self._eagle_margins,
-            hash_block_size=geo.hash_block_size)
-        puts = [BoundaryPut(*p) for p in attn]
-        puts += [BoundaryPut(g, slot, b) for g, slot in zip(self._mamba_groups, slots,
-                                                             strict=True)]
-        job = StoreJob(req_id=request.request_id, token_len_chunk=0, block_ids=ids,
-                       block_hashes=list(request.block_hashes), boundary_puts=puts,
-                       completed_token_len=completed, num_prompt_tokens=request.num_prompt_tokens)
-        job.store_job_id = self._take_pins(list(dict.fromkeys(p.block_id for p in puts)))
-        if self._track_inflight:
-            self._register_inflight(job)
-        self.metrics.c.inc(metric)
-        return job
-
-    def _final_boundary(self, request: Any) -> int:
-        """The last hash boundary a request can compute before it finishes by length
-        (``max_tokens``): its last snapshot, known in advance; -1 when the request does not
-        say (a request-like object without ``max_tokens``)."""
-        max_tokens = getattr(request, "max_tokens", None)
-        if not isinstance(max_tokens, int):
-            return -1
-        h = self.geo.hash_block_size
-        return (request.num_prompt_tokens + max_tokens - 1) // h * h
-
-    def _decode_boundary_puts(self, s: StoreJob) -> list[BoundaryPut]:
-        """Rule 5: the attention blocks up to each accepted decode boundary of ``s``
-        (deduplicated, in boundary order), over the job's current block table."""
-        t = self.request_trackers.get(s.req_id)
-        if t is None:
-            return []
-        geo = self.geo
-        seen: dict[BoundaryPut, None] = {}
-        for b in s.decode_boundaries:
-            for p in turn_end_attention_puts(
-                    boundary=b, saved_tokens=t.num_saved_tokens,
-                    completed_token_len=s.completed_token_len,
-                    num_hashes=len(s.block_hashes), block_ids=s.block_ids,
-                    block_sizes=geo.block_sizes, is_mamba=geo.is_mamba,
-                    eagle_margins=self._eagle_margins, hash_block_size=geo.hash_block_size):
-                seen[BoundaryPut(*p)] = None
-        return list(seen)
 
     def _new_request(self, nr: Any, so: Any, pending: list[StoreJob], saves: bool,
                      meta: TailproofMeta) -> None:

@@ -51,6 +51,7 @@ class ReferenceConnector(ConnectorAdapter):
                         for r in range(self.cconf.num_workers)]
         if self.junctions:  # EXTENSION (docs/junctions.md, "The hook")
             self.sched.junctions.hook = core_backend.junction_hook()
+            self.sched.junctions.vllm_keys = core_backend.geo.manager_shared_prefix_checkpoint
 
     def _req(self, rid: str) -> Any:
         return self.core.requests[rid]

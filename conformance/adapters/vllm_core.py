@@ -124,6 +124,9 @@ class VllmCoreBackend:
             # manager (which narrows the flag) will key the state there.
             mamba_shared_prefix_checkpoint=(
                 partial and self.manager.mamba_shared_prefix_checkpoint),
+            # Not read by the split: what the connector's scheduler hook reads (whether the
+            # manager keys the state at vLLM's own junction).
+            kv_cache_manager=self.manager,
         )
 
     # -- requests -----------------------------------------------------------------------

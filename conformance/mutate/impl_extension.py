@@ -23,22 +23,24 @@ from tailproof.conformance.mutate.apply import apply_mutant, mutated_source
 from tailproof.conformance.mutate.catalog import Mutant
 
 SS = "tailproof.impl.scheduler_side"
+TE = "tailproof.impl.turn_end"
+JN = "tailproof.impl.junctions"
 WS = "tailproof.impl.worker_side"
 ADAPTERS = ["reference", "impl"]
 
 MUTANTS: list[Mutant] = [
-    Mutant("te-wrong-boundary", SS, "SchedulerSide._checkpoint_job",
+    Mutant("te-wrong-boundary", TE, "TurnEndCheckpoints._checkpoint_job",
            "puts += [BoundaryPut(g, slot, b) for g, slot",
            "puts += [BoundaryPut(g, slot, b - geo.hash_block_size) for g, slot",
            "the flush keys the snapshot one hash block below its content's boundary: the "
            "state of the prefix b is stored under the key of b - h"),
-    Mutant("te-snapshot-one-step-late", SS, "SchedulerSide._step_ends",
+    Mutant("te-snapshot-one-step-late", TE, "TurnEndCheckpoints._step_ends",
            "out[rid] = computed + sched[rid] - len(drafts.get(rid, ()))",
            "out[rid] = computed",
            "the snapshot is due on the computed tokens at schedule time, so it is taken in "
            "the step after the one ending on the boundary: the copy (after that step's "
            "forward) holds the state one token past the boundary it is keyed at"),
-    Mutant("te-slot-pin-released-early", SS, "SchedulerSide._checkpoint_job",
+    Mutant("te-slot-pin-released-early", TE, "TurnEndCheckpoints._checkpoint_job",
            "self._take_pins(list(dict.fromkeys(p.block_id for p in puts)))",
            "self._take_pins(list(dict.fromkeys(p.block_id for p in puts"
            " if not geo.is_mamba[p.group_id])))",
@@ -53,26 +55,31 @@ MUTANTS: list[Mutant] = [
            "n += 0",
            "the worker never copies the running state into the slot: every scheduler "
            "observation is unchanged, only the bytes the flush puts are wrong"),
-    Mutant("jn-wrong-boundary", SS, "SchedulerSide._junction_jobs",
+    Mutant("jn-wrong-boundary", JN, "JunctionCheckpoints._junction_jobs",
            "self._checkpoint_job(req, slots, n, ids,",
            "self._checkpoint_job(req, slots, n - geo.hash_block_size, ids,",
            "the junction job keys the copied state one hash block below the junction: the "
            "state of the prefix J is stored under the key of J - h"),
-    Mutant("jn-snapshot-not-copied", SS, "SchedulerSide._junction_jobs",
+    Mutant("jn-snapshot-not-copied", JN, "JunctionCheckpoints._junction_jobs",
            "zip(self._mamba_groups, srcs, slots, strict=True)]",
            "() and zip(self._mamba_groups, srcs, slots, strict=True)]",
            "the junction job takes fresh blocks and puts them but asks no worker to copy the "
            "running state into them: the store gets whatever the blocks held"),
-    Mutant("jn-copy-unpinned", SS, "SchedulerSide._junction_jobs",
+    Mutant("jn-copy-unpinned", JN, "JunctionCheckpoints._junction_jobs",
            "self.pool.free_blocks([blocks[b] for b in slots])",
            "self.pool.free_blocks([blocks[b] for b in slots * 2])",
            "the junction job's copies are released twice, the job's pin with the connector's "
            "reference, so a later allocation can take them before the workers read them"),
-    Mutant("jn-stop-on-grid", SS, "SchedulerSide._set_junction",
+    Mutant("jn-stop-on-grid", JN, "JunctionCheckpoints._set_junction",
            "if all(j % geo.block_sizes[g] == 0 for g in self._mamba_groups):",
            "if False:",
            "a junction on every Mamba block grid still stops the chunk and gets a job (its "
            "aligned state is handed off and stored anyway): a needless stop and copy"),
+    Mutant("jn-unkeyed-vllm-junction-skipped", JN, "JunctionCheckpoints._set_junction",
+           "if j == spb and self.vllm_keys_junctions:", "if j == spb:",
+           "vLLM's own junction is skipped even where MambaManager keys no state there (no "
+           "EAGLE group): the chunk stops at it and the state is lost, so every later "
+           "request sharing the prefix recomputes it (issue 22's agent workload)"),
 ]
 
 

@@ -7,9 +7,9 @@ here at the points marked ``EXTENSION`` there:
   at_lookup` computes the request's junction once (its first ask: the longest prefix, in whole
   hash blocks below ck(P), an earlier admitted prompt shares), indexes the prompt, and sets
   ``Request.shared_prefix_boundary`` to it when it lies past the hit, below ck(P), past vLLM's
-  own junction, off some Mamba block grid, and the scheduler hook is active; the chunk split of
-  the same step then stops there (``Scheduler._mamba_block_aligned_split`` with
-  ``mamba_shared_prefix_checkpoint``);
+  own junction (or at it, when the core keys no Mamba state there: no EAGLE group), off some
+  Mamba block grid, and the scheduler hook is active; the chunk split of the same step then
+  stops there (``Scheduler._mamba_block_aligned_split`` with ``mamba_shared_prefix_checkpoint``);
 - per step, after the turn-end snapshot pass: :meth:`Junctions.jobs` turns every request whose
   step ends at its junction into snapshot copies into fresh pool blocks (only while
   ``checkpoint_reserve_blocks`` stay free) and a same-step store job (the attention KV from the
@@ -85,6 +85,9 @@ class Junctions:
         self.seen: dict[str, int] = {}  # rid -> its junction, fixed at its first ask
         self.targets: dict[str, int] = {}  # rid -> the junction its next chunk stops at
         self.hook = False  # the scheduler hook made the split's junction stop exact
+        # Whether the core keys the Mamba state at vLLM's own junction (``KVCacheManager.
+        # mamba_shared_prefix_checkpoint``: the flag with an EAGLE group); set by the adapter.
+        self.vllm_keys = True
 
     @property
     def on(self) -> bool:
@@ -106,8 +109,11 @@ class Junctions:
         j = self.seen[rid]
         if not hit < j < checkpoint_position(p, h, self.geo.use_eagle):
             return  # served by the hit, or at/after the prompt's own checkpoint
-        if j <= request.shared_prefix_boundary:
-            return  # vLLM's own junction (the local lookup's) is at least as far
+        spb = request.shared_prefix_boundary
+        if j < spb or (j == spb and self.vllm_keys):
+            return  # vLLM's own junction (the local lookup's) is farther, or keyed by the core
+        # j == spb unkeyed (no EAGLE group): vLLM's split stops there but nothing keys the
+        # state, so it is taken like a junction of the connector's own.
         if all(j % self.geo.block_sizes[g] == 0 for g in self.mamba):
             return  # on every Mamba grid: an aligned state, handed off and stored already
         if not self.hook:
@@ -131,9 +137,12 @@ class Junctions:
         out: list[tuple[list[Snapshot], ReqMeta, list[int]]] = []
         for req, n in steps:
             rid = req.request_id
-            if self.targets.get(rid) != n:
-                continue
+            target = self.targets.get(rid)
+            if target is None or n < target:
+                continue  # nothing pending, or a later chunk reaches it
             del self.targets[rid]
+            if n > target:
+                continue  # the chunk ran past it (vLLM re-assigned the junction): spent
             table = current_table(rid)
             src = (running_state_blocks(self.geo, self.mamba, n, table) if table is not None
                    else None)

@@ -1,5 +1,5 @@
 """The junction checkpoint extension's corpus (``docs/junctions.md``, "The extension"),
-``conformance/cases/conn_x14``-``conn_x19``, as scheduler scripts
+``conformance/cases/conn_x14``-``conn_x21``, as scheduler scripts
 (``tailproof.conformance.author``).
 
 Junction checkpoints are not in vLLM 0.33: these cases turn ``junction_checkpoints`` on in
@@ -23,6 +23,9 @@ from tailproof.conformance.author import FA, Case, M, of, rng
 
 RECORD = ("reference", "impl")
 G16 = [(FA, 16, False), (M, 16, False)]  # lcm 16, h 4: partial hits on
+# Attention blocks smaller than the Mamba block (issue 22's agent workload: 16 under 1,024):
+# vLLM's own junction then lies on the attention grid, off the Mamba grid.
+G4 = [(FA, 4, False), (M, 16, False)]
 
 
 def config(groups: list[tuple[str, int, bool]], h: int, num_blocks: int = 64,
@@ -209,6 +212,33 @@ def lookup_waits_for_junction_job() -> Case:
     return c
 
 
+def junction_at_vllm_junction_unkeyed() -> Case:
+    c = case("conn_x20_vllm_junction_unkeyed_stored",
+             "vLLM's own junction, unkeyed, is stored (docs/junctions.md, extension rule 2): "
+             "attention blocks of 4 under Mamba blocks of 16 (h 4, no EAGLE group). A (30 "
+             "tokens) is prefilled. B shares A's first 22 tokens: its local attention hit is 20 "
+             "(5 blocks), its Mamba hit 16, so vLLM reconciles to 16 and marks its own junction "
+             "20 (sched_lookup 'junction'); the connector's junction is the same 20. vLLM's "
+             "split stops B's chunk exactly there (the hook) but MambaManager keys no state at "
+             "it (no EAGLE group): the connector takes the junction job -- a copy of B's running "
+             "state and a job putting FA block 4 and the copy under key 20. C shares the same "
+             "22 tokens: local hit 16, the store's 20; it loads the 4 tokens and the Mamba "
+             "state at 20 byte-exact.",
+             config(G4, 4, 96))
+    prefill_a(c)
+    c.add("B", [of("A", 22), rng(200, 218)])
+    c.step(admit=("B",))
+    c.op("conn_state")
+    work(c)
+    c.op("store_keys")
+    c.add("C", [of("A", 22), rng(300, 318)])
+    c.op("store_lookup", rid="C")
+    c.step(run=("B",), admit=("C",))
+    c.op("table", rid="C")
+    c.op("snapshot")
+    return c
+
+
 BUILDERS: list[Callable[[], Case]] = [
     junction_stored_and_loaded,
     junction_sets_nothing,
@@ -216,6 +246,7 @@ BUILDERS: list[Callable[[], Case]] = [
     preempted_before_junction,
     junction_pins_two_workers,
     lookup_waits_for_junction_job,
+    junction_at_vllm_junction_unkeyed,
 ]
 
 if __name__ == "__main__":

@@ -153,3 +153,34 @@ def test_junction_job_reserve_and_order() -> None:
     assert not j.targets
     j.at_lookup(b, 16)  # asked again: set again; now 6 free - 1 < 6: refused, spent
     assert j.jobs([(b, 20)], lambda rid: table) == [] and not j.targets
+
+
+def test_vllm_junction_taken_only_where_the_core_keys_nothing() -> None:
+    """At vLLM's own junction (j == shared_prefix_boundary) the connector stands down only when
+    the core keys the state there (an EAGLE group); otherwise it takes the stop and the job."""
+    shared = [bytes([i]) for i in range(5)]
+    a = _req("A", [*shared, b"a5", b"a6", b"a7", b"a8", b"a9"], 40)
+    hashes = [*shared, b"b5", b"b6", b"b7", b"b8", b"b9"]
+    for keys, taken in [(True, False), (False, True)]:
+        j = _junctions(_Pool(16))
+        j.vllm_keys = keys
+        j.at_lookup(a, 0)
+        b = _req("B", hashes, 40, spb=20)
+        j.at_lookup(b, 16)
+        assert b.shared_prefix_boundary == 20 and ("B" in j.targets) is taken
+
+
+def test_junction_stop_passed_is_spent_without_a_job() -> None:
+    """A chunk that ends short of the junction keeps the stop pending; one that runs past it
+    (vLLM re-assigned the junction) spends it: no copy, no job, no block taken."""
+    pool = _Pool(16)
+    j = _junctions(pool)
+    shared = [bytes([i]) for i in range(5)]
+    a = _req("A", [*shared, b"a5", b"a6", b"a7", b"a8", b"a9"], 40)
+    b = _req("B", [*shared, b"b5", b"b6", b"b7", b"b8", b"b9"], 40)
+    j.at_lookup(a, 0)
+    j.at_lookup(b, 0)
+    table = ([3, 4], [0, 5])
+    assert j.jobs([(b, 16)], lambda rid: table) == [] and j.targets == {"B": 20}
+    assert j.jobs([(b, 24)], lambda rid: table) == [] and not j.targets
+    assert pool.num_free() == 15

@@ -25,13 +25,14 @@ BYTE_VISIBLE = {"te-wrong-boundary", "te-snapshot-one-step-late", "te-slot-pin-r
                 "te-snapshot-copy-skipped", "jn-snapshot-not-copied"}
 # (jn-wrong-boundary's key J - h is already stored in every junction case, so the worker skips
 # the put: killed by the job's observed puts, not by bytes.)
-JUNCTION_CASES = ("conn_x14", "conn_x15", "conn_x16", "conn_x17", "conn_x18", "conn_x19")
+JUNCTION_CASES = ("conn_x14", "conn_x15", "conn_x16", "conn_x17", "conn_x18", "conn_x19",
+                  "conn_x20")
 
 
 @pytest.fixture(scope="module")
 def traces() -> list[Any]:
     ts = extension_cases()
-    assert len(ts) >= 19
+    assert len(ts) >= 20
     return ts
 
 

@@ -1,6 +1,6 @@
 """Junction checkpoints that resolve on but do not act: each skip is counted by reason and
-said once (``SchedulerSide._junction_skipped``), including vLLM's own junction where it keys
-no Mamba state (no EAGLE group), which the issue's agent workload hit silently."""
+said once (``SchedulerSide._junction_skipped``); vLLM's own junction where it keys no Mamba
+state (no EAGLE group, the issue's agent workload) is taken, not skipped."""
 
 from __future__ import annotations
 
@@ -40,15 +40,18 @@ def test_each_skip_is_counted_by_reason_and_logged_once(
     b = _req("b", 3)
     side._set_junction(b, 0)  # junction 48, off the Mamba grid (64): a stop is set
     assert total("junctions_set") == 1 and b.shared_prefix_boundary == 48
-    side.vllm_keys_junctions = False  # no EAGLE group: vLLM keys no state at its junction
-    with caplog.at_level(logging.INFO, logger="tailproof.impl.scheduler_side"):
-        side._set_junction(_req("c", 3, spb=48), 0)
-        side._set_junction(_req("c2", 3, spb=48), 0)
-    assert total("junctions_skipped_vllm_junction_unkeyed") == 2
-    assert caplog.text.count("keys no Mamba state there") == 1  # said once
-    side.vllm_keys_junctions = True
-    side._set_junction(_req("d", 3, spb=48), 0)
-    assert total("junctions_skipped_vllm_junction") == 1
+    side.vllm_keys_junctions = True  # an EAGLE group: vLLM keys its own junction itself
+    with caplog.at_level(logging.INFO, logger="tailproof.impl.junctions"):
+        side._set_junction(_req("d", 3, spb=48), 0)
+        side._set_junction(_req("d2", 3, spb=48), 0)
+    assert total("junctions_skipped_vllm_junction") == 2
+    assert caplog.text.count("vLLM marks and stores this junction itself") == 1  # said once
+    assert "d" not in side.junction_targets
+    side.vllm_keys_junctions = False  # no EAGLE group: vLLM stops there but keys no state
+    c = _req("c", 3, spb=48)
+    side._set_junction(c, 0)
+    assert side.junction_targets["c"] == 48 and c.shared_prefix_boundary == 48
+    assert total("junctions_set_at_vllm_junction") == 1 and total("junctions_set") == 2
     side._set_junction(_req("e", 4), 0)  # 64: vLLM hands off the aligned state
     assert total("junctions_skipped_aligned") == 1
     side._set_junction(_req("f", 3), 48)  # the hit already reaches the junction
@@ -58,13 +61,13 @@ def test_each_skip_is_counted_by_reason_and_logged_once(
     side.exact_junction_stops = False
     side._set_junction(_req("h", 3), 0)
     assert total("junctions_skipped_no_hook") == 1
-    assert total("junctions_set") == 1
+    assert total("junctions_set") == 2
 
 
 @pytest.mark.vllm
 def test_hook_reads_whether_vllm_keys_its_junction() -> None:
     """On the real Scheduler without an EAGLE group vLLM keys no state at its own junction:
-    the hook records it, so such skips are told apart (``vllm_junction_unkeyed``)."""
+    the hook records it, so the connector takes such junctions itself (extension rule 2)."""
     pytest.importorskip("vllm")
     from engine_sim import Engine
 
@@ -76,3 +79,21 @@ def test_hook_reads_whether_vllm_keys_its_junction() -> None:
     assert side.vllm_keys_junctions is False
     assert not e.sched.kv_cache_manager.mamba_shared_prefix_checkpoint
     e.shutdown()
+
+
+def test_a_stop_the_chunk_ran_past_is_counted_and_spent() -> None:
+    """A junction stop whose chunk ended past it (vLLM re-assigned the request's junction) is
+    spent and counted (``junctions_skipped_stop_missed``); one not reached yet stays."""
+    from tailproof.impl.meta import TailproofMeta
+
+    side = _side()
+    side._set_junction(_req("a", 10), 0)
+    side._set_junction(_req("b", 3), 0)
+    meta = TailproofMeta(preempted_req_ids=set(), finished_req_ids=set())
+    side._step_end = {"b": 32}
+    side._junction_jobs(None, meta)
+    assert side.junction_targets == {"b": 48}
+    side._step_end = {"b": 64}
+    side._junction_jobs(None, meta)
+    assert not side.junction_targets and not meta.stores and not meta.snapshots
+    assert side.metrics.c.total("junctions_skipped_stop_missed") == 1
