@@ -11,10 +11,13 @@ import logging
 import os
 import warnings
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tailproof.conformance.backend import KVObserver, RequestView
 from tailproof.conformance.trace import TraceConfig
+
+if TYPE_CHECKING:
+    from tailproof.conformance.adapters.base import ConnStep
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 warnings.filterwarnings("ignore", module="vllm")
@@ -325,34 +328,34 @@ class VllmCoreBackend:
         return sorted(out)
 
 
-def scheduler_output(rows: list[tuple[str, int, str, tuple[list[int], ...], int]],
-                     finished: set[str], preempted: set[str],
-                     offloads: dict[str, list[tuple[int, int, int]]], table: Any,
-                     requests: dict[str, Any]) -> SimpleNamespace:
+def scheduler_output(step: ConnStep) -> SimpleNamespace:
     """A stand-in ``SchedulerOutput`` with exactly the fields a connector's
-    ``build_connector_meta`` reads, for one ``conn_step`` (``rows``: rid, tokens, kind, block
-    ids, computed tokens). Cached requests list running ones first, then resumed (SC:1939)."""
+    ``build_connector_meta`` reads, for one ``conn_step``. Cached requests list running ones
+    first, then resumed (SC:1939)."""
     from vllm.v1.core.sched.output import KVConnectorBlockState
 
     new_reqs, cached = [], []
-    for rid, _, kind, ids, computed in rows:
-        if kind == "new":
+    for row in step.rows:
+        if row.kind == "new":
             new_reqs.append(SimpleNamespace(
-                req_id=rid, block_ids=tuple(list(g) for g in ids), num_computed_tokens=computed,
-                prompt_token_ids=requests[rid].prompt_token_ids, prefill_token_ids=None))
+                req_id=row.rid, block_ids=tuple(list(g) for g in row.block_ids),
+                num_computed_tokens=row.computed,
+                prompt_token_ids=step.ctx.request(row.rid).prompt_token_ids,
+                prefill_token_ids=None))
         else:
-            cached.append((rid, kind, ids, computed))
-    cached.sort(key=lambda c: c[1] == "resumed")
+            cached.append(row)
+    cached.sort(key=lambda r: r.kind == "resumed")
     cached_data = SimpleNamespace(
-        req_ids=[c[0] for c in cached],
-        resumed_req_ids={c[0] for c in cached if c[1] == "resumed"},
-        new_block_ids=[c[2] if any(c[2]) else None for c in cached],
-        num_computed_tokens=[c[3] for c in cached])
+        req_ids=[r.rid for r in cached],
+        resumed_req_ids={r.rid for r in cached if r.kind == "resumed"},
+        new_block_ids=[r.block_ids if any(r.block_ids) else None for r in cached],
+        num_computed_tokens=[r.computed for r in cached])
     block_state = KVConnectorBlockState(
-        req_ids={r[0] for r in rows} | set(offloads),
-        resolve_block_ids=lambda rid: tuple(list(g) for g in table(rid)),
-        boundary_state_offloads={rid: list(e) for rid, e in offloads.items()})
+        req_ids={r.rid for r in step.rows} | set(step.offloads),
+        resolve_block_ids=lambda rid: tuple(list(g) for g in step.resolve(rid) or ()),
+        boundary_state_offloads={rid: list(e) for rid, e in step.offloads.items()})
     return SimpleNamespace(
-        finished_req_ids=set(finished), preempted_req_ids=set(preempted),
+        finished_req_ids=set(step.finished), preempted_req_ids=set(step.preempted),
         scheduled_new_reqs=new_reqs, scheduled_cached_reqs=cached_data,
-        num_scheduled_tokens={r[0]: r[1] for r in rows}, kv_connector_block_state=block_state)
+        num_scheduled_tokens={r.rid: r.tokens for r in step.rows},
+        kv_connector_block_state=block_state)
