@@ -412,6 +412,7 @@ class ImplConnector(ConnectorAdapter):
 
     def register(self, req: Any, block_ids: tuple[list[int], ...],
                  tails: list[tuple[int, int, int]]) -> dict[str, Any] | None:
+        # Same shape as vllm_mooncake's: SchedulerSide mirrors MooncakeStoreScheduler's API.
         before = self.sched.next_store_job_id
         delay = self.sched.register_finished_partial_tail(req, block_ids, tails)
         assert delay is False

@@ -13,7 +13,8 @@ import warnings
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-from tailproof.conformance.backend import KVObserver, RequestView
+from tailproof.conformance.adapters.core_base import ManagerBackend
+from tailproof.conformance.backend import KVObserver
 from tailproof.conformance.trace import TraceConfig
 
 if TYPE_CHECKING:
@@ -52,11 +53,12 @@ def _vllm() -> SimpleNamespace:
         RequestStatus=RequestStatus)
 
 
-class VllmCoreBackend:
+class VllmCoreBackend(ManagerBackend):
     """Drives one ``KVCacheManager`` the way ``Scheduler.schedule`` does."""
 
     def __init__(self, config: TraceConfig) -> None:
         v = self.v = _vllm()
+        self.status = v.RequestStatus
         self.config = config
         groups = []
         for i, g in enumerate(config.groups):
@@ -141,16 +143,6 @@ class VllmCoreBackend:
         self._all_requests.append(req)
         return len(req.block_hashes)
 
-    def append_output(self, rid: str, tokens: list[int]) -> int:
-        req = self.requests[rid]
-        req.append_output_token_ids(list(tokens))
-        return len(req.block_hashes)
-
-    def get(self, rid: str) -> RequestView:
-        r = self.requests[rid]
-        return RequestView(r.num_tokens, r.num_prompt_tokens, r.num_computed_tokens,
-                           r.num_in_flight_tokens, r.shared_prefix_boundary)
-
     def set_counters(self, rid: str, *, num_computed_tokens: int | None = None,
                      num_in_flight_tokens: int | None = None) -> None:
         r = self.requests[rid]
@@ -164,9 +156,6 @@ class VllmCoreBackend:
         if (self.observer is not None and num_computed_tokens is not None
                 and num_computed_tokens > before):
             self.observer.computed(rid, before, num_computed_tokens)
-
-    def new_step(self) -> None:
-        self.manager.new_step_starts()
 
     # -- lookup, planning, allocation ---------------------------------------------------
     def lookup(self, rid: str, max_len: int | None) -> tuple[int, list[list[int]]]:
@@ -194,9 +183,6 @@ class VllmCoreBackend:
         return self.v.Scheduler._mamba_block_aligned_split(
             self._split_self, self.requests[rid], num_new_tokens, hit_tokens, external)
 
-    def cache_blocks(self, rid: str, num_tokens: int) -> None:
-        self.manager.cache_blocks(self.requests[rid], num_tokens)
-
     def allocate(self, rid: str, num_new_tokens: int, *, use_hit: bool, external: int,
                  delay_cache: bool, lookahead: int, reserved: int = 0) -> list[list[int]] | None:
         req = self.requests[rid]
@@ -219,10 +205,6 @@ class VllmCoreBackend:
         blocks, _ = self.pending[rid]
         out = self.manager.truncate_computed_blocks(blocks, num_tokens)
         return [list(ids) for ids in out.get_block_ids()]
-
-    def truncate_pending(self, rid: str, num_tokens: int) -> None:
-        blocks, _ = self.pending[rid]
-        self.pending[rid] = (self.manager.truncate_computed_blocks(blocks, num_tokens), num_tokens)
 
     def block_ids_for_computed_tokens(self, rid: str) -> list[list[int]]:
         ids = self.manager.get_block_ids_for_computed_tokens(
@@ -260,10 +242,6 @@ class VllmCoreBackend:
     def release(self, block_ids: list[int]) -> None:
         self.block_pool.free_blocks(self.block_pool.blocks[i] for i in block_ids)
 
-    def drain_offloads(self) -> list[tuple[str, int, int, int]]:
-        out = self.manager.take_boundary_state_offloads()
-        return [(rid, g, blk, b) for rid, entries in out.items() for g, blk, b in entries]
-
     def finalize_tail(self, rid: str) -> list[tuple[int, int, int]]:
         return list(self.manager.finalize_partial_tail_offloads(self.requests[rid]))
 
@@ -278,29 +256,10 @@ class VllmCoreBackend:
         self.manager.free(req)
         req.status = self.v.RequestStatus.FINISHED_ABORTED
 
-    def preempt(self, rid: str) -> None:
-        """Mirrors the block side of ``Scheduler._preempt_request`` (SC:1799-1847)."""
-        req = self.requests[rid]
-        self.manager.free(req)
-        req.status = self.v.RequestStatus.PREEMPTED
-        req.num_computed_tokens = 0
-
-    def evict(self, block_ids: set[int]) -> None:
-        self.manager.evict_blocks(block_ids)
-
-    def reset(self) -> bool:
-        return self.manager.reset_prefix_cache()
-
     def table(self, rid: str) -> list[list[int]]:
         return [list(ids) for ids in self.manager.get_block_ids(rid)]
 
     # -- inspection ---------------------------------------------------------------------
-    def num_free(self) -> int:
-        return self.block_pool.get_num_free_blocks()
-
-    def refcounts(self) -> dict[int, int]:
-        return {b.block_id: b.ref_cnt for b in self.block_pool.blocks[1:] if b.ref_cnt > 0}
-
     def free_queue(self) -> list[int]:
         q = self.block_pool.free_block_queue
         out, b = [], q.fake_free_list_head.next_free_block
