@@ -402,7 +402,9 @@ def test_cuda_save_is_ordered_by_the_step_event_not_a_host_wait() -> None:
     w, runner = _worker(store, device="cuda")
     runner.forward("A", TOKENS, 0, 44, TABLES)
     torch.cuda.synchronize()
-    torch.cuda._sleep(1_000_000_000)  # ~0.5 s of GPU time ahead of the CoW copy
+    # ~5 s of GPU time ahead of the CoW copy: a margin only (wait_for_save must return while
+    # it runs, in milliseconds), ten times the ~0.5 s it was, so a loaded host never races it.
+    torch.cuda._sleep(10_000_000_000)
     runner.copy_blocks([(6, 12)])  # device-side: lands in block 12 only after the sleep
     w.wait_for_save(TailproofMeta(stores=[save(
         0, "A", 32, TABLES, HASHES, [BoundaryPut(0, 3, 44), BoundaryPut(1, 12, 44)])]))
