@@ -17,7 +17,6 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,18 +31,6 @@ from test_async_stress import _prompts  # noqa: E402
 os.environ.setdefault("MC_TCP_BIND_ADDRESS", "127.0.0.1")  # as tests/impl/conftest.py
 os.environ.setdefault("MC_LOG_LEVEL", "ERROR")
 STEP_BOUND_S = 1.0  # no engine step may wait for the store (a frozen call takes >= 1.5 s)
-
-
-@pytest.fixture
-def master() -> Iterator[Any]:
-    from tailproof.conformance.local_master import LocalMaster
-    from tailproof.impl.stores.mooncake import unavailable_reason
-
-    reason = unavailable_reason()
-    if reason:
-        pytest.skip(reason)
-    with LocalMaster() as m:
-        yield m
 
 
 def _slowest(benchmark: Any, run: Any) -> None:
