@@ -14,11 +14,9 @@ from __future__ import annotations
 import os
 import signal
 import socket
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-import pytest
 
 from tailproof.impl.stores import Status, StoreError, make_store
 
@@ -35,18 +33,6 @@ def _config(address: str, **overrides: Any) -> dict[str, Any]:
                            "rpc_timeout_ms": 1500, "setup_retries": 1}
     cfg.update(overrides)
     return cfg
-
-
-@pytest.fixture
-def master() -> Iterator[Any]:
-    from tailproof.conformance.local_master import LocalMaster
-    from tailproof.impl.stores.mooncake import unavailable_reason
-
-    reason = unavailable_reason()
-    if reason:
-        pytest.skip(reason)
-    with LocalMaster() as m:
-        yield m
 
 
 def _once(benchmark: Any, fn: Any, bound: float) -> Any:

@@ -9,7 +9,7 @@ All block references are plain ints (block ids; 0 is the null block).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 
 @dataclass
@@ -36,6 +36,8 @@ class KVObserver(Protocol):
 
 class CoreBackend(Protocol):
     """Scheduler-side block lifecycle of one engine (one ``KVCacheManager``)."""
+
+    requests: dict[str, Any]  # the engine's own request objects by id (what a connector reads)
 
     def add_request(self, rid: str, prompt: list[int], max_tokens: int) -> int:
         """Create a request hashed at h; return its number of block hashes."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from tailproof.conformance.backend import CoreBackend
+from tailproof.conformance.backend import CoreBackend, RequestView
 from tailproof.conformance.ops import CORE_OPS
 from tailproof.conformance.trace import TraceConfig
 
@@ -24,8 +24,59 @@ class Connector(Protocol):
 
     ops: frozenset[str]
 
-    def apply(self, op: dict[str, Any], driver: CoreDriver) -> Observation:
+    def apply(self, op: dict[str, Any], ctx: StepContext) -> Observation:
         """Run one connector op and return its observation (without ``free``)."""
+
+
+class StepContext:
+    """What a connector op may read and do of the scheduler around the connector: the core's
+    requests and tables, this step's allocations and hand-offs, the pending local hit. It is
+    all a connector adapter sees of the driver (the bookkeeping stays the driver's)."""
+
+    def __init__(self, driver: CoreDriver) -> None:
+        self._driver = driver
+
+    def request(self, rid: str) -> Any:
+        """The core backend's own request object (``vllm.v1.request.Request`` or the
+        reference's ``Request``): what the connector's scheduler role is handed."""
+        return self._driver.core.requests[rid]
+
+    def view(self, rid: str) -> RequestView:
+        """The request's counters."""
+        return self._driver.core.get(rid)
+
+    def table(self, rid: str) -> list[list[int]]:
+        """The request's block table per group (``get_block_ids``)."""
+        return self._driver.core.table(rid)
+
+    def scheduled(self) -> dict[str, int]:
+        """Tokens allocated per request since the last ``new_step``."""
+        return dict(self._driver.step_scheduled)
+
+    def allocated(self, rid: str) -> list[list[int]] | None:
+        """The request's new blocks of this step (None: no allocation this step)."""
+        return self._driver.step_allocations.get(rid)
+
+    def take_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
+        """This step's boundary hand-offs per request (``CoreDriver.take_step_offloads``)."""
+        return self._driver.take_step_offloads()
+
+    def pending_hit(self, rid: str) -> int:
+        return self._driver.pending_hit(rid)
+
+    def truncate_pending_hit(self, rid: str, num_tokens: int) -> None:
+        self._driver.truncate_pending_hit(rid, num_tokens)
+
+    def finalize_tail(self, rid: str) -> list[tuple[int, int, int]]:
+        """``finalize_partial_tail_offloads``: [(group, block, boundary)]."""
+        return self._driver.core.finalize_tail(rid)
+
+    def remove_skipped(self, rid: str) -> None:
+        self._driver.core.remove_skipped(rid)
+
+    def computed_block_ids(self, rid: str) -> list[list[int]]:
+        """``get_block_ids_for_computed_tokens``: what ``_connector_finished`` hands over."""
+        return self._driver.core.block_ids_for_computed_tokens(rid)
 
 
 class CoreDriver:
@@ -52,6 +103,7 @@ class CoreDriver:
         # skipped (``detached``), every later op (still run, not observed; connector issue).
         self.skipped: list[str] = []
         self.detached = False
+        self.context = StepContext(self)  # what the connector sees of this driver
 
     # -- what connector ops read and change of the scheduler's bookkeeping ------------------
     def pending_hit(self, rid: str) -> int:
@@ -108,7 +160,7 @@ class CoreDriver:
                 obs = getattr(self, f"_op_{name}")(op)
             else:
                 assert self.connector is not None
-                obs = self.connector.apply(op, self)
+                obs = self.connector.apply(op, self.context)
         except Exception as e:  # noqa: BLE001 - an implementation's failure is data
             obs = {"error": type(e).__name__}
         obs["free"] = self.core.num_free()

@@ -1,5 +1,5 @@
 """The keys each op's observation can carry, on any adapter (``driver.CoreDriver._op_*`` for
-the core ops, ``connector_ops.ConnectorAdapter._op_*`` for the connector ops), plus ``free``
+the core ops, ``adapters.base.ConnectorAdapter._op_*`` for the connector ops), plus ``free``
 (every op) and ``error`` (an op that raised). The loader refuses an ``expect`` key outside
 its op's set (``step_protocol``), so ``validate`` and ``replay`` reject the same traces;
 ``tests/conformance/test_step_protocol.py`` checks the table against the corpus's runs.

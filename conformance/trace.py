@@ -16,43 +16,26 @@ from tailproof.conformance import ops as opspec
 from tailproof.conformance.tokens import TokenError, expand
 from tailproof.conformance.trace_checks import CheckError, check_config, check_ops
 from tailproof.conformance.trace_file import ReadRefused, read_trace_bytes
+from tailproof.reference.geometry import KINDS, Geometry, GroupSpec
 from tailproof.spec.arithmetic import lcm_all
 
 FORMAT_TAG = "tailproof-trace/1"
-GROUP_KINDS = ("full_attention", "sliding_window", "mamba_align")
+GROUP_KINDS = KINDS
 
 
 class TraceError(ValueError):
     """A malformed trace; ``str()`` is one line naming the location and the problem."""
 
 
-@dataclass(frozen=True)
-class GroupConfig:
-    kind: str
-    block_size: int
-    eagle: bool = False
-    sliding_window: int | None = None  # tokens, for a sliding_window group only
-    # MambaSpec.num_speculative_blocks: scratch state blocks past the running state.
-    num_speculative_blocks: int = 0
-
-    @property
-    def is_mamba(self) -> bool:
-        return self.kind == "mamba_align"
+# The engine geometry of a trace is the reference's ``Geometry`` (its groups, h, pool size and
+# scheduler settings, with what vLLM 0.33 derives from them); a trace config adds what only a
+# trace carries. ``GroupConfig`` is the reference's ``GroupSpec`` (one group of the config).
+GroupConfig = GroupSpec
 
 
 @dataclass(frozen=True)
-class TraceConfig:
-    groups: tuple[GroupConfig, ...]
-    hash_block_size: int
-    num_blocks: int
-    enable_caching: bool = True
-    use_eagle: bool = False
-    max_model_len: int = 8192
-    max_num_scheduled_tokens: int = 8192
-    long_prefill_token_threshold: int = 0
-    split_block_size: int | None = None
+class TraceConfig(Geometry):
     connector: dict[str, Any] | None = None
-    enable_mamba_shared_prefix_checkpoint: bool = False
     # KVCacheConfig.prefix_cache_retention_interval: None = dense Mamba / sliding-window
     # checkpoints (the adapters' model); 0 or an interval = sparse (adapters.refusal).
     prefix_cache_retention_interval: int | None = None
@@ -67,10 +50,6 @@ class TraceConfig:
     @property
     def block_sizes(self) -> list[int]:
         return [g.block_size for g in self.groups]
-
-    @property
-    def scheduler_block_size(self) -> int:
-        return lcm_all(self.block_sizes)
 
 
 @dataclass

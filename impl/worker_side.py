@@ -445,6 +445,8 @@ class WorkerSide:
     def close_ended_store_requests(self, finished: set[str], preempted: set[str]) -> None:
         """Retire request state: preempted now (their queued jobs become not live), finished
         once their queued jobs drained (``_close_ended_store_requests``)."""
+        # Also in reference.connector.worker: impl and the reference it is checked against
+        # must not share a body (docs/architecture.md); both mirror vLLM 0.33 MW:1979-1990.
         with self._lock:
             for rid in preempted:
                 self.delete_finished_stored_request(rid)

@@ -29,6 +29,10 @@ class GroupSpec:
     sliding_window: int | None = None
     num_speculative_blocks: int = 0
 
+    @property
+    def is_mamba(self) -> bool:
+        return self.kind == MAMBA_ALIGN
+
 
 @dataclass(frozen=True)
 class SpecGroup:
@@ -173,7 +177,8 @@ class Geometry:
 
     @classmethod
     def from_config(cls, config: Any) -> Geometry:
-        """Build from a ``TraceConfig`` (or anything with the same fields)."""
+        """A plain ``Geometry`` of a trace config (a subclass with more fields) or of anything
+        with the same fields."""
         groups = tuple(
             GroupSpec(g.kind, int(g.block_size), bool(getattr(g, "eagle", False)),
                       getattr(g, "sliding_window", None),

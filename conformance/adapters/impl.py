@@ -37,14 +37,18 @@ from typing import Any
 
 import torch
 
+from tailproof.conformance.adapters.base import (
+    KV_ROLE,
+    ConnectorAdapter,
+    ConnStep,
+    Tag,
+    kv_blocks,
+    store_context,
+)
 from tailproof.conformance.adapters.runner_sim import GroupShape, SimRunner
 from tailproof.conformance.adapters.vllm_core import scheduler_output
-from tailproof.conformance.connector_ops import (
-    EXTENSION_FIELDS,
-    ConnectorAdapter,
-    batch_obs,
-    job_obs,
-)
+from tailproof.conformance.connector_ops import EXTENSION_FIELDS
+from tailproof.conformance.driver import StepContext
 from tailproof.impl.config import Settings, StoreGeometry
 from tailproof.impl.connector import TailproofConnector, build_coordinator
 from tailproof.impl.fingerprint import geometry_fingerprint
@@ -58,15 +62,11 @@ from tailproof.impl.value_format import HEADER_BYTES, slot_nbytes
 from tailproof.impl.worker_side import WorkerSide
 from tailproof.reference.connector.store import check_script, codes_for
 
-_ROLE = {"producer": "kv_producer", "consumer": "kv_consumer", "both": "kv_both"}
 NAMESPACE = "conf"
 
 
 class KVByteMismatch(AssertionError):
     """A put or load moved bytes that are not the KV of the key's / request's prefix."""
-
-
-Tag = tuple[int, int, int, str]  # (rank, group, boundary, writer rid)
 
 
 class ScriptedStore(Store):
@@ -231,7 +231,9 @@ class _WeakVerify:
 
 class ImplConnector(ConnectorAdapter):
     """The ``impl`` adapter's connector half (see module docstring). ``options``: ``store``
-    (memory | mooncake), ``store_config`` (e.g. ``{"master_address": ...}``), ``device``."""
+    (memory | mooncake), ``store_config`` (e.g. ``{"master_address": ...}``), ``device``.
+    It keeps the core backend as the backend's ``KVObserver`` (forwards and CoW copies reach
+    it outside any connector op); connector ops read the scheduler through their context."""
 
     def __init__(self, config: Any, core_backend: Any,
                  options: dict[str, Any] | None = None) -> None:
@@ -256,7 +258,7 @@ class ImplConnector(ConnectorAdapter):
         extra = dict(options.get("store_config") or {})
         ns = f"{NAMESPACE}-{uuid.uuid4().hex[:10]}"
         self.settings = Settings(
-            kv_role=_ROLE[self.conf["role"]], store=kind, namespace=ns,
+            kv_role=KV_ROLE[self.conf["role"]], store=kind, namespace=ns,
             put_batch_size=1 << 20, staging_buffer_bytes=8 << 20,
             enable_lookup=self.conf["enable_lookup"], load_async=self.conf["load_async"],
             save_decode_cache=self.conf["save_decode_cache"],
@@ -325,9 +327,9 @@ class ImplConnector(ConnectorAdapter):
         for ws in self.workers:
             ws.copy_snapshots(meta)
 
-    def apply(self, op: dict[str, Any], driver: Any) -> dict[str, Any]:
+    def apply(self, op: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
         self.step_starts()
-        return super().apply(op, driver)
+        return super().apply(op, ctx)
 
     def copies(self, pairs: list[tuple[int, int]]) -> None:
         """Run each CoW copy as soon as it is queued: before this step's forward, as vLLM's
@@ -357,43 +359,23 @@ class ImplConnector(ConnectorAdapter):
             errs, self.byte_errors = self.byte_errors, []
             raise KVByteMismatch("; ".join(errs[:3]))
 
-    def _req(self, rid: str) -> Any:
-        return self.core.requests[rid]
-
-    def _context(self, rid: str, hashes: Sequence[bytes]) -> tuple[str, dict[str, int]]:
-        h = self.trace_config.hash_block_size
-        return rid, {bytes(x).hex(): (i + 1) * h for i, x in enumerate(hashes)}
-
-    def _snapshot(self, job_id: int, rid: str) -> None:
+    def _snapshot(self, job_id: int, req: Any) -> None:
         """The writer's tokens as of the job (a request id may be reused later)."""
-        self.job_tokens[job_id] = list(self._req(rid).all_token_ids)
+        self.job_tokens[job_id] = list(req.all_token_ids)
 
     # --- scheduler side ----------------------------------------------------------------
 
-    def after_alloc(self, rid: str, table: tuple[list[int], ...],
-                    external: int) -> None:
-        blocks = SimpleNamespace(get_block_ids=lambda group_ids=None: tuple(
-            list(table[g]) for g in (group_ids if group_ids is not None else range(len(table)))))
-        self.sched.update_state_after_alloc(self._req(rid), blocks, external)
+    def after_alloc(self, req: Any, table: tuple[list[int], ...], external: int) -> None:
+        self.sched.update_state_after_alloc(req, kv_blocks(table), external)
 
-    def _job_obs(self, job: Any) -> dict[str, Any]:
-        pins = self.sched.pinned_saves.get(job.store_job_id, ([], 0))[0]
-        return job_obs(job.store_job_id, job.req_id, job.token_ids_start, job.token_len_chunk,
-                       job.publish_partial_tail,
-                       [(p.group_id, p.block_id, p.num_tokens) for p in job.boundary_puts], pins)
-
-    def build(self, rows: list[tuple[str, int, str, tuple[list[int], ...], int]],
-              finished: set[str], preempted: set[str],
-              offloads: dict[str, list[tuple[int, int, int]]],
-              table: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        so = scheduler_output(rows, finished, preempted, offloads, table, self.core.requests)
-        meta = self.sched.build_connector_meta(so)
+    def build(self, step: ConnStep) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        meta = self.sched.build_connector_meta(scheduler_output(step))
         self.last_snapshots = list(meta.snapshots)
         self.pending_snapshots = list(meta.snapshots)
         for j in meta.stores:
             if j.store_job_id not in self.job_tokens:
-                self._snapshot(j.store_job_id, j.req_id)
-        jobs = [self._job_obs(j) for j in meta.stores]
+                self._snapshot(j.store_job_id, step.ctx.request(j.req_id))
+        jobs = [self.job_obs(j) for j in meta.stores]
         loads = [{"rid": j.req_id, "local": j.vllm_cached_tokens,
                   "external": j.kvpool_cached_tokens}
                  for j in meta.loads]
@@ -401,11 +383,11 @@ class ImplConnector(ConnectorAdapter):
             if self.settings.can_put:
                 for job in meta.stores:
                     ws.add_request(job)
-            ws.close_ended_store_requests(set(finished), set(preempted))
-        self._run_loads(meta)
+            ws.close_ended_store_requests(set(step.finished), set(step.preempted))
+        self._run_loads(meta, step.ctx)
         return jobs, loads
 
-    def _run_loads(self, meta: TailproofMeta) -> None:
+    def _run_loads(self, meta: TailproofMeta, ctx: StepContext) -> None:
         """Execute this step's loads on every rank and check the loaded bytes."""
         if not meta.loads:
             return
@@ -418,7 +400,7 @@ class ImplConnector(ConnectorAdapter):
             for job in meta.loads:
                 if not ws.load_ok.pop(job.req_id):
                     continue  # failed closed: nothing was written
-                req = self._req(job.req_id)
+                req = ctx.request(job.req_id)
                 start = job.vllm_cached_tokens // lcm * lcm
                 bad = runner.check(job.req_id, req.all_token_ids, start, job.kvpool_cached_tokens,
                                    job.block_ids)
@@ -428,29 +410,30 @@ class ImplConnector(ConnectorAdapter):
     def pinned(self) -> dict[int, tuple[list[int], int]]:
         return self.sched.pinned_saves
 
-    def register(self, rid: str, block_ids: tuple[list[int], ...],
+    def register(self, req: Any, block_ids: tuple[list[int], ...],
                  tails: list[tuple[int, int, int]]) -> dict[str, Any] | None:
+        # Same shape as vllm_mooncake's: SchedulerSide mirrors MooncakeStoreScheduler's API.
         before = self.sched.next_store_job_id
-        delay = self.sched.register_finished_partial_tail(self._req(rid), block_ids, tails)
+        delay = self.sched.register_finished_partial_tail(req, block_ids, tails)
         assert delay is False
         if self.sched.next_store_job_id == before:
             return None
-        s = self.sched.finished_partial_tails[rid]
+        s = self.sched.finished_partial_tails[req.request_id]
         assert s.store_job_id is not None
-        self._snapshot(s.store_job_id, rid)
-        return self._job_obs(s)
+        self._snapshot(s.store_job_id, req)
+        return self.job_obs(s)
 
     def snapshots(self) -> list[tuple[str, int, int, int, int]]:
         return [(s.req_id, s.group, s.src_block, s.slot_block, s.boundary)
                 for s in self.last_snapshots]
 
-    def finish_turn(self, rid: str, block_ids: tuple[list[int], ...]) -> dict[str, Any] | None:
-        job = self.sched.finish_turn(self._req(rid), block_ids)
+    def finish_turn(self, req: Any, block_ids: tuple[list[int], ...]) -> dict[str, Any] | None:
+        job = self.sched.finish_turn(req, block_ids)
         if job is None:
             return None
         assert job.store_job_id is not None
-        self._snapshot(job.store_job_id, rid)
-        return self._job_obs(job)
+        self._snapshot(job.store_job_id, req)
+        return self.job_obs(job)
 
     def slots(self) -> dict[str, tuple[list[int], int]]:
         return dict(self.sched.snapshot_slots)
@@ -458,31 +441,27 @@ class ImplConnector(ConnectorAdapter):
     def junction_targets(self) -> dict[str, int]:
         return dict(self.sched.junction_targets)
 
-    def trackers(self) -> dict[str, dict[str, Any]]:
-        return {rid: {"token_len": t.token_len, "saved": t.num_saved_tokens,
-                      "prefill_end": t.prefill_end_tokens, "tail_sent": t.partial_tail_sent}
-                for rid, t in sorted(self.sched.request_trackers.items())}
+    def request_trackers(self) -> dict[str, Any]:
+        return self.sched.request_trackers
 
     # --- workers -----------------------------------------------------------------------
 
-    def run_worker(self, w: int, n: int | None,
-                   script: Any) -> list[dict[str, Any]]:
-        self.store.set_script(script)
-        ws = self.workers[w]
-        out = []
-        while ws.queue and (n is None or len(out) < n):
-            head = ws.queue[0]
-            self.store.context = self._context(head.req_id, head.block_hashes)
-            self.current_job = head.store_job_id
-            first = len(self.store.log)
-            ((job, err),) = ws.run(1)
-            row: dict[str, Any] = {"job": job.store_job_id, "rid": job.req_id,
-                                   "batches": [batch_obs(t, e) for t, e in self.store.log[first:]]}
-            if err is not None:
-                row["error"] = err
-            out.append(row)
+    def run_worker(self, w: int, n: int | None, script: Any) -> list[dict[str, Any]]:
+        """The base loop; then a put that moved wrong bytes fails the op."""
+        out = super().run_worker(w, n, script)
         self._raise_byte_errors()
         return out
+
+    def run_one(self, w: int) -> tuple[int, str, str | None] | None:
+        ws = self.workers[w]
+        if not ws.queue:
+            return None
+        head = ws.queue[0]
+        self.store.context = store_context(head.req_id, head.block_hashes,
+                                           self.trace_config.hash_block_size)
+        self.current_job = head.store_job_id
+        ((job, err),) = ws.run(1)
+        return job.store_job_id, job.req_id, err
 
     def worker_state(self, w: int) -> dict[str, Any]:
         ws = self.workers[w]
@@ -498,41 +477,39 @@ class ImplConnector(ConnectorAdapter):
     def report(self, completed: dict[int, int]) -> list[int]:
         before = set(self.sched.pinned_saves)
         self.sched.update_connector_output(TailproofWorkerMeta(completed_saves=dict(completed)))
-        return [j for j in completed if j in before and j not in self.sched.pinned_saves]
+        return self._released(before, completed)
 
     # --- lookups and store -------------------------------------------------------------
 
-    def store_lookup(self, rid: str, n: int) -> tuple[int, list[tuple[int, int]]]:
-        res = self.lookup_client.lookup(n, self._req(rid).block_hashes)
+    def store_lookup(self, req: Any, n: int) -> tuple[int, list[tuple[int, int]]]:
+        res = self.lookup_client.lookup(n, req.block_hashes)
         return res.hit_length, [tuple(t) for t in res.tail_key_boundaries]
 
-    def matched(self, rid: str, num_computed: int) -> tuple[int | None, bool]:
-        return self.sched.get_num_new_matched_tokens(self._req(rid), num_computed)
+    def matched(self, req: Any, num_computed: int) -> tuple[int | None, bool]:
+        return self.sched.get_num_new_matched_tokens(req, num_computed)
 
-    def seed(self, rid: str, keys: list[tuple[int, ...]], workers: list[int],
-             remove: bool) -> int:
-        req = self._req(rid)
-        hashes = req.block_hashes
-        h = self.trace_config.hash_block_size
-        n = 0
-        for r in workers:
-            for g, b in keys:
-                key = self.keys.key(r, g, bytes(hashes[b // h - 1]))
-                if remove:
-                    gone = self.store.tags.pop(key, None) is not None
-                    self.store.removed += gone  # a store event the connector sees
-                    n += gone
-                    continue
-                value = self.runners[r].expected_block_bytes(g, req.all_token_ids, b, rid)
-                self._check_size(g, value)
-                slot = torch.empty(slot_nbytes(value.numel()), dtype=torch.uint8)
-                slot[HEADER_BYTES:].copy_(value.reshape(-1).cpu())
-                self.workers[r].codec.seal(key, slot)
-                out = self.store.inner.put(key, slot)
-                if out.saved:
-                    self.store.tags[key] = (r, g, b, rid)
-                    n += 1
-        return n
+    def store_key(self, rank: int, group: int, block_hash: Any) -> str:
+        return self.keys.key(rank, group, bytes(block_hash))
+
+    def remove_key(self, key: str) -> int:
+        """Drop the key from the observed store (a store event the connector sees); the
+        real store may keep its bytes, which it then answers as absent."""
+        gone = self.store.tags.pop(key, None) is not None
+        self.store.removed += gone
+        return int(gone)
+
+    def put_key(self, key: str, tag: Tag, req: Any) -> int:
+        """Put the value the key's prefix must hold, sealed as a real put seals it."""
+        rank, group, boundary, rid = tag
+        value = self.runners[rank].expected_block_bytes(group, req.all_token_ids, boundary, rid)
+        self._check_size(group, value)
+        slot = torch.empty(slot_nbytes(value.numel()), dtype=torch.uint8)
+        slot[HEADER_BYTES:].copy_(value.reshape(-1).cpu())
+        self.workers[rank].codec.seal(key, slot)
+        if not self.store.inner.put(key, slot).saved:
+            return 0
+        self.store.tags[key] = tag
+        return 1
 
     def _check_size(self, group: int, value: torch.Tensor) -> None:
         """A seeded value has exactly the size of a real block value of its group."""

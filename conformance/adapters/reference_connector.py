@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tailproof.conformance.connector_ops import ConnectorAdapter, batch_obs, job_obs
+from tailproof.conformance.adapters.base import ConnectorAdapter, ConnStep
 from tailproof.reference.connector.config import ConnectorConfig, StoreGeometry
 from tailproof.reference.connector.lookup import (
     LookupMemo,
@@ -13,7 +13,6 @@ from tailproof.reference.connector.lookup import (
     remembered_lookup,
     store_lookup,
 )
-from tailproof.reference.connector.meta import ReqMeta
 from tailproof.reference.connector.scheduler import ConnectorScheduler, Scheduled
 from tailproof.reference.connector.store import ScriptedStore
 from tailproof.reference.connector.worker import SendingWorker
@@ -39,9 +38,10 @@ class _PoolById:
 
 
 class ReferenceConnector(ConnectorAdapter):
+    """The reference connector model; the core backend is used only to bind its pool."""
+
     def __init__(self, config: Any, core_backend: Any) -> None:
         super().__init__(config)
-        self.core = core_backend
         self.geo = StoreGeometry.from_config(config)
         self.cconf = ConnectorConfig.from_doc(self.conf)
         self.sched = ConnectorScheduler(self.cconf, self.geo, _PoolById(core_backend.block_pool))
@@ -53,34 +53,21 @@ class ReferenceConnector(ConnectorAdapter):
             self.sched.junctions.hook = core_backend.junction_hook()
             self.sched.junctions.vllm_keys = core_backend.geo.manager_shared_prefix_checkpoint
 
-    def _req(self, rid: str) -> Any:
-        return self.core.requests[rid]
-
     # --- scheduler side ----------------------------------------------------------------
 
-    def after_alloc(self, rid: str, table: tuple[list[int], ...],
-                    external: int) -> None:
-        self.memos.pop(rid, None)  # admitted: no longer waiting
-        self.sched.update_state_after_alloc(self._req(rid), table, external)
+    def after_alloc(self, req: Any, table: tuple[list[int], ...], external: int) -> None:
+        self.memos.pop(req.request_id, None)  # admitted: no longer waiting
+        self.sched.update_state_after_alloc(req, table, external)
 
-    def _job_obs(self, job: ReqMeta) -> dict[str, Any]:
-        pins = self.sched.pinned_saves.get(job.store_job_id, ([], 0))[0] \
-            if job.store_job_id is not None else []
-        return job_obs(job.store_job_id, job.req_id, job.token_ids_start, job.token_len_chunk,
-                       job.publish_partial_tail,
-                       [(p.group_id, p.block_id, p.num_tokens) for p in job.boundary_puts],
-                       pins)
-
-    def build(self, rows: list[tuple[str, int, str, tuple[list[int], ...], int]],
-              finished: set[str], preempted: set[str],
-              offloads: dict[str, list[tuple[int, int, int]]],
-              table: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    def build(self, step: ConnStep) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        finished, preempted = step.finished, step.preempted
         for rid in finished:
             self.memos.pop(rid, None)
-        scheduled = [Scheduled(self._req(rid), n, kind, ids, computed)
-                     for rid, n, kind, ids, computed in rows]
-        out = self.sched.build_connector_meta(scheduled, finished, preempted, offloads, table)
-        jobs = [self._job_obs(j) for j in out if j.can_save]
+        scheduled = [Scheduled(step.ctx.request(r.rid), r.tokens, r.kind, r.block_ids,
+                               r.computed) for r in step.rows]
+        out = self.sched.build_connector_meta(scheduled, finished, preempted, step.offloads,
+                                              step.resolve)
+        jobs = [self.job_obs(j) for j in out if j.can_save]
         loads = [{"rid": j.req_id, "local": j.load_spec.vllm_cached_tokens,
                   "external": j.load_spec.kvpool_cached_tokens}
                  for j in out if j.load_spec is not None]
@@ -96,18 +83,18 @@ class ReferenceConnector(ConnectorAdapter):
     def pinned(self) -> dict[int, tuple[list[int], int]]:
         return self.sched.pinned_saves
 
-    def register(self, rid: str, block_ids: tuple[list[int], ...],
+    def register(self, req: Any, block_ids: tuple[list[int], ...],
                  tails: list[tuple[int, int, int]]) -> dict[str, Any] | None:
-        job = self.sched.register_finished_partial_tail(self._req(rid), block_ids, tails)
-        return self._job_obs(job) if job is not None else None
+        job = self.sched.register_finished_partial_tail(req, block_ids, tails)
+        return self.job_obs(job) if job is not None else None
 
     def snapshots(self) -> list[tuple[str, int, int, int, int]]:
         return [(s.req_id, s.group, s.src, s.slot, s.boundary)
                 for s in self.sched.step_snapshots]
 
-    def finish_turn(self, rid: str, block_ids: tuple[list[int], ...]) -> dict[str, Any] | None:
-        job = self.sched.finish_turn(self._req(rid), block_ids)
-        return self._job_obs(job) if job is not None else None
+    def finish_turn(self, req: Any, block_ids: tuple[list[int], ...]) -> dict[str, Any] | None:
+        job = self.sched.finish_turn(req, block_ids)
+        return self.job_obs(job) if job is not None else None
 
     def slots(self) -> dict[str, tuple[list[int], int]]:
         return dict(self.sched.turn_end.slots)
@@ -115,27 +102,16 @@ class ReferenceConnector(ConnectorAdapter):
     def junction_targets(self) -> dict[str, int]:
         return dict(self.sched.junctions.targets)
 
-    def trackers(self) -> dict[str, dict[str, Any]]:
-        return {rid: {"token_len": t.token_len, "saved": t.num_saved_tokens,
-                      "prefill_end": t.prefill_end_tokens, "tail_sent": t.partial_tail_sent}
-                for rid, t in sorted(self.sched.request_trackers.items())}
+    def request_trackers(self) -> dict[str, Any]:
+        return self.sched.request_trackers
 
     # --- workers -----------------------------------------------------------------------
 
-    def run_worker(self, w: int, n: int | None,
-                   script: Any) -> list[dict[str, Any]]:
-        self.store.set_script(script)
-        ran = self.workers[w].run(n)
-        out = []
-        for i, (job, first, err) in enumerate(ran):
-            last = ran[i + 1][1] if i + 1 < len(ran) else len(self.store.log)
-            entry: dict[str, Any] = {
-                "job": job.store_job_id, "rid": job.req_id,
-                "batches": [batch_obs(tags, e) for tags, e in self.store.log[first:last]]}
-            if err:
-                entry["error"] = err
-            out.append(entry)
-        return out
+    def run_one(self, w: int) -> tuple[int, str, str | None] | None:
+        if not self.workers[w].queue:
+            return None
+        ((job, _, err),) = self.workers[w].run(1)
+        return job.store_job_id, job.req_id, err
 
     def worker_state(self, w: int) -> dict[str, Any]:
         wk = self.workers[w]
@@ -152,12 +128,12 @@ class ReferenceConnector(ConnectorAdapter):
     def _present(self, gid: int, digest: bytes) -> bool:
         return all((r, gid, digest) in self.store.keys for r in range(len(self.workers)))
 
-    def store_lookup(self, rid: str, n: int) -> tuple[int, list[tuple[int, int]]]:
-        res = store_lookup(self.geo, n, self._req(rid).block_hashes, self._present)
+    def store_lookup(self, req: Any, n: int) -> tuple[int, list[tuple[int, int]]]:
+        res = store_lookup(self.geo, n, req.block_hashes, self._present)
         return res.hit_length, [tuple(t) for t in res.tail_key_boundaries]
 
-    def matched(self, rid: str, num_computed: int) -> tuple[int | None, bool]:
-        req = self._req(rid)
+    def matched(self, req: Any, num_computed: int) -> tuple[int | None, bool]:
+        rid = req.request_id
 
         def lookup() -> Any:
             res, self.memos[rid] = remembered_lookup(
@@ -178,20 +154,5 @@ class ReferenceConnector(ConnectorAdapter):
         self.sched.after_lookup(req, num_computed, need)  # EXTENSION (junctions)
         return need, load_async
 
-    def seed(self, rid: str, keys: list[tuple[int, ...]], workers: list[int],
-             remove: bool) -> int:
-        hashes = self._req(rid).block_hashes
-        h = self.geo.hash_block_size
-        n = 0
-        for r in workers:
-            for g, b in keys:
-                key = (r, g, bytes(hashes[b // h - 1]))
-                if remove:
-                    n += self.store.remove([key])
-                else:
-                    self.store.keys[key] = (r, g, b, rid)
-                    n += 1
-        return n
-
-    def store_tags(self) -> list[tuple[int, int, int, str]]:
-        return list(self.store.keys.values())
+    def store_key(self, rank: int, group: int, block_hash: Any) -> tuple[int, int, bytes]:
+        return rank, group, bytes(block_hash)

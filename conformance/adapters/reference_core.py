@@ -1,6 +1,7 @@
 """``CoreBackend`` over the pure-Python reference model (``tailproof.reference``).
 
-Mirrors ``vllm_core.VllmCoreBackend`` call for call, so that the two can differ only in what the
+Mirrors ``vllm_core.VllmCoreBackend`` call for call (the calls that are the same on both are
+``core_base.ManagerBackend``), so that the two can differ only in what the
 models do: a lookup's hit stays pending for the request until the next ``allocate``; a successful
 allocation advances ``num_computed_tokens`` by the hit and the external tokens, as
 ``Scheduler.schedule`` does.
@@ -11,7 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from tailproof.conformance.backend import RequestView
+from tailproof.conformance.adapters.core_base import ManagerBackend
 from tailproof.reference.block_pool import Block
 from tailproof.reference.geometry import Geometry
 from tailproof.reference.kv_manager import KVCacheManager
@@ -23,7 +24,11 @@ def _ids(blocks: list[list[Block]]) -> list[list[int]]:
     return [[b.block_id for b in g] for g in blocks]
 
 
-class ReferenceCoreBackend:
+class ReferenceCoreBackend(ManagerBackend):
+    """The reference model as a ``CoreBackend`` (see module docstring)."""
+
+    status = RequestStatus
+
     def __init__(self, config: Any) -> None:
         self.config = config
         self.geo = Geometry.from_config(config)
@@ -37,18 +42,6 @@ class ReferenceCoreBackend:
         req = Request(rid, list(prompt), self.geo.hash_block_size, max_tokens)
         self.requests[rid] = req
         return len(req.block_hashes)
-
-    def append_output(self, rid: str, tokens: list[int]) -> int:
-        req = self.requests[rid]
-        req.append_output_token_ids(list(tokens))
-        return len(req.block_hashes)
-
-    def get(self, rid: str) -> RequestView:
-        r = self.requests[rid]
-        return RequestView(
-            r.num_tokens, r.num_prompt_tokens, r.num_computed_tokens, r.num_in_flight_tokens,
-            r.shared_prefix_boundary,
-        )
 
     def set_counters(
         self,
@@ -64,9 +57,6 @@ class ReferenceCoreBackend:
         if num_in_flight_tokens is not None:
             r.num_in_flight_tokens = num_in_flight_tokens
 
-    def new_step(self) -> None:
-        self.manager.new_step_starts()
-
     # -- lookup, planning, allocation ---------------------------------------------------
     def lookup(self, rid: str, max_len: int | None) -> tuple[int, list[list[int]]]:
         req = self.requests[rid]
@@ -76,9 +66,6 @@ class ReferenceCoreBackend:
             req.shared_prefix_boundary = junction
         self.pending[rid] = (blocks, hit)
         return hit, _ids(blocks)
-
-    def cache_blocks(self, rid: str, num_tokens: int) -> None:
-        self.manager.cache_blocks(self.requests[rid], num_tokens)
 
     def plan_chunk(self, rid: str, num_new_tokens: int, hit_tokens: int, external: int) -> int:
         return plan_chunk(self.geo, self.requests[rid], num_new_tokens, hit_tokens, external)
@@ -126,10 +113,6 @@ class ReferenceCoreBackend:
         blocks, _ = self.pending[rid]
         return _ids(self.manager.truncate_computed_blocks(blocks, num_tokens))
 
-    def truncate_pending(self, rid: str, num_tokens: int) -> None:
-        blocks, _ = self.pending[rid]
-        self.pending[rid] = (self.manager.truncate_computed_blocks(blocks, num_tokens), num_tokens)
-
     def block_ids_for_computed_tokens(self, rid: str) -> list[list[int]]:
         return self.manager.get_block_ids_for_computed_tokens(
             rid, self.requests[rid].num_computed_tokens)
@@ -143,10 +126,6 @@ class ReferenceCoreBackend:
         blocks = self.block_pool.blocks
         self.block_pool.free_blocks([blocks[i] for i in block_ids])
 
-    def drain_offloads(self) -> list[tuple[str, int, int, int]]:
-        out = self.manager.take_boundary_state_offloads()
-        return [(rid, g, blk, b) for rid, entries in out.items() for g, blk, b in entries]
-
     def finalize_tail(self, rid: str) -> list[tuple[int, int, int]]:
         return self.manager.finalize_partial_tail_offloads(self.requests[rid])
 
@@ -158,29 +137,10 @@ class ReferenceCoreBackend:
     def free(self, rid: str) -> None:
         self.manager.free(self.requests[rid])
 
-    def preempt(self, rid: str) -> None:
-        """The block side of ``Scheduler._preempt_request``."""
-        req = self.requests[rid]
-        self.manager.free(req)
-        req.status = RequestStatus.PREEMPTED
-        req.num_computed_tokens = 0
-
-    def evict(self, block_ids: set[int]) -> None:
-        self.manager.evict_blocks(block_ids)
-
-    def reset(self) -> bool:
-        return self.manager.reset_prefix_cache()
-
     def table(self, rid: str) -> list[list[int]]:
         return self.manager.get_block_ids(rid)
 
     # -- inspection ---------------------------------------------------------------------
-    def num_free(self) -> int:
-        return self.block_pool.get_num_free_blocks()
-
-    def refcounts(self) -> dict[int, int]:
-        return {b.block_id: b.ref_cnt for b in self.block_pool.blocks[1:] if b.ref_cnt > 0}
-
     def free_queue(self) -> list[int]:
         return self.block_pool.free_block_queue.block_ids()
 

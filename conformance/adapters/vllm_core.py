@@ -11,10 +11,14 @@ import logging
 import os
 import warnings
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tailproof.conformance.backend import KVObserver, RequestView
+from tailproof.conformance.adapters.core_base import ManagerBackend
+from tailproof.conformance.backend import KVObserver
 from tailproof.conformance.trace import TraceConfig
+
+if TYPE_CHECKING:
+    from tailproof.conformance.adapters.base import ConnStep
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 warnings.filterwarnings("ignore", module="vllm")
@@ -49,11 +53,12 @@ def _vllm() -> SimpleNamespace:
         RequestStatus=RequestStatus)
 
 
-class VllmCoreBackend:
+class VllmCoreBackend(ManagerBackend):
     """Drives one ``KVCacheManager`` the way ``Scheduler.schedule`` does."""
 
     def __init__(self, config: TraceConfig) -> None:
         v = self.v = _vllm()
+        self.status = v.RequestStatus
         self.config = config
         groups = []
         for i, g in enumerate(config.groups):
@@ -141,16 +146,6 @@ class VllmCoreBackend:
         self._all_requests.append(req)
         return len(req.block_hashes)
 
-    def append_output(self, rid: str, tokens: list[int]) -> int:
-        req = self.requests[rid]
-        req.append_output_token_ids(list(tokens))
-        return len(req.block_hashes)
-
-    def get(self, rid: str) -> RequestView:
-        r = self.requests[rid]
-        return RequestView(r.num_tokens, r.num_prompt_tokens, r.num_computed_tokens,
-                           r.num_in_flight_tokens, r.shared_prefix_boundary)
-
     def set_counters(self, rid: str, *, num_computed_tokens: int | None = None,
                      num_in_flight_tokens: int | None = None) -> None:
         r = self.requests[rid]
@@ -164,9 +159,6 @@ class VllmCoreBackend:
         if (self.observer is not None and num_computed_tokens is not None
                 and num_computed_tokens > before):
             self.observer.computed(rid, before, num_computed_tokens)
-
-    def new_step(self) -> None:
-        self.manager.new_step_starts()
 
     # -- lookup, planning, allocation ---------------------------------------------------
     def lookup(self, rid: str, max_len: int | None) -> tuple[int, list[list[int]]]:
@@ -194,9 +186,6 @@ class VllmCoreBackend:
         return self.v.Scheduler._mamba_block_aligned_split(
             self._split_self, self.requests[rid], num_new_tokens, hit_tokens, external)
 
-    def cache_blocks(self, rid: str, num_tokens: int) -> None:
-        self.manager.cache_blocks(self.requests[rid], num_tokens)
-
     def allocate(self, rid: str, num_new_tokens: int, *, use_hit: bool, external: int,
                  delay_cache: bool, lookahead: int, reserved: int = 0) -> list[list[int]] | None:
         req = self.requests[rid]
@@ -219,10 +208,6 @@ class VllmCoreBackend:
         blocks, _ = self.pending[rid]
         out = self.manager.truncate_computed_blocks(blocks, num_tokens)
         return [list(ids) for ids in out.get_block_ids()]
-
-    def truncate_pending(self, rid: str, num_tokens: int) -> None:
-        blocks, _ = self.pending[rid]
-        self.pending[rid] = (self.manager.truncate_computed_blocks(blocks, num_tokens), num_tokens)
 
     def block_ids_for_computed_tokens(self, rid: str) -> list[list[int]]:
         ids = self.manager.get_block_ids_for_computed_tokens(
@@ -260,10 +245,6 @@ class VllmCoreBackend:
     def release(self, block_ids: list[int]) -> None:
         self.block_pool.free_blocks(self.block_pool.blocks[i] for i in block_ids)
 
-    def drain_offloads(self) -> list[tuple[str, int, int, int]]:
-        out = self.manager.take_boundary_state_offloads()
-        return [(rid, g, blk, b) for rid, entries in out.items() for g, blk, b in entries]
-
     def finalize_tail(self, rid: str) -> list[tuple[int, int, int]]:
         return list(self.manager.finalize_partial_tail_offloads(self.requests[rid]))
 
@@ -278,29 +259,10 @@ class VllmCoreBackend:
         self.manager.free(req)
         req.status = self.v.RequestStatus.FINISHED_ABORTED
 
-    def preempt(self, rid: str) -> None:
-        """Mirrors the block side of ``Scheduler._preempt_request`` (SC:1799-1847)."""
-        req = self.requests[rid]
-        self.manager.free(req)
-        req.status = self.v.RequestStatus.PREEMPTED
-        req.num_computed_tokens = 0
-
-    def evict(self, block_ids: set[int]) -> None:
-        self.manager.evict_blocks(block_ids)
-
-    def reset(self) -> bool:
-        return self.manager.reset_prefix_cache()
-
     def table(self, rid: str) -> list[list[int]]:
         return [list(ids) for ids in self.manager.get_block_ids(rid)]
 
     # -- inspection ---------------------------------------------------------------------
-    def num_free(self) -> int:
-        return self.block_pool.get_num_free_blocks()
-
-    def refcounts(self) -> dict[int, int]:
-        return {b.block_id: b.ref_cnt for b in self.block_pool.blocks[1:] if b.ref_cnt > 0}
-
     def free_queue(self) -> list[int]:
         q = self.block_pool.free_block_queue
         out, b = [], q.fake_free_list_head.next_free_block
@@ -328,34 +290,34 @@ class VllmCoreBackend:
         return sorted(out)
 
 
-def scheduler_output(rows: list[tuple[str, int, str, tuple[list[int], ...], int]],
-                     finished: set[str], preempted: set[str],
-                     offloads: dict[str, list[tuple[int, int, int]]], table: Any,
-                     requests: dict[str, Any]) -> SimpleNamespace:
+def scheduler_output(step: ConnStep) -> SimpleNamespace:
     """A stand-in ``SchedulerOutput`` with exactly the fields a connector's
-    ``build_connector_meta`` reads, for one ``conn_step`` (``rows``: rid, tokens, kind, block
-    ids, computed tokens). Cached requests list running ones first, then resumed (SC:1939)."""
+    ``build_connector_meta`` reads, for one ``conn_step``. Cached requests list running ones
+    first, then resumed (SC:1939)."""
     from vllm.v1.core.sched.output import KVConnectorBlockState
 
     new_reqs, cached = [], []
-    for rid, _, kind, ids, computed in rows:
-        if kind == "new":
+    for row in step.rows:
+        if row.kind == "new":
             new_reqs.append(SimpleNamespace(
-                req_id=rid, block_ids=tuple(list(g) for g in ids), num_computed_tokens=computed,
-                prompt_token_ids=requests[rid].prompt_token_ids, prefill_token_ids=None))
+                req_id=row.rid, block_ids=tuple(list(g) for g in row.block_ids),
+                num_computed_tokens=row.computed,
+                prompt_token_ids=step.ctx.request(row.rid).prompt_token_ids,
+                prefill_token_ids=None))
         else:
-            cached.append((rid, kind, ids, computed))
-    cached.sort(key=lambda c: c[1] == "resumed")
+            cached.append(row)
+    cached.sort(key=lambda r: r.kind == "resumed")
     cached_data = SimpleNamespace(
-        req_ids=[c[0] for c in cached],
-        resumed_req_ids={c[0] for c in cached if c[1] == "resumed"},
-        new_block_ids=[c[2] if any(c[2]) else None for c in cached],
-        num_computed_tokens=[c[3] for c in cached])
+        req_ids=[r.rid for r in cached],
+        resumed_req_ids={r.rid for r in cached if r.kind == "resumed"},
+        new_block_ids=[r.block_ids if any(r.block_ids) else None for r in cached],
+        num_computed_tokens=[r.computed for r in cached])
     block_state = KVConnectorBlockState(
-        req_ids={r[0] for r in rows} | set(offloads),
-        resolve_block_ids=lambda rid: tuple(list(g) for g in table(rid)),
-        boundary_state_offloads={rid: list(e) for rid, e in offloads.items()})
+        req_ids={r.rid for r in step.rows} | set(step.offloads),
+        resolve_block_ids=lambda rid: tuple(list(g) for g in step.resolve(rid) or ()),
+        boundary_state_offloads={rid: list(e) for rid, e in step.offloads.items()})
     return SimpleNamespace(
-        finished_req_ids=set(finished), preempted_req_ids=set(preempted),
+        finished_req_ids=set(step.finished), preempted_req_ids=set(step.preempted),
         scheduled_new_reqs=new_reqs, scheduled_cached_reqs=cached_data,
-        num_scheduled_tokens={r[0]: r[1] for r in rows}, kv_connector_block_state=block_state)
+        num_scheduled_tokens={r.rid: r.tokens for r in step.rows},
+        kv_connector_block_state=block_state)

@@ -22,11 +22,15 @@ import threading
 from types import SimpleNamespace
 from typing import Any
 
+from tailproof.conformance.adapters.base import (
+    KV_ROLE,
+    ConnectorAdapter,
+    ConnStep,
+    kv_blocks,
+    store_context,
+)
 from tailproof.conformance.adapters.vllm_core import scheduler_output
-from tailproof.conformance.connector_ops import ConnectorAdapter, batch_obs, job_obs
 from tailproof.reference.connector.store import ScriptedStore
-
-_ROLE = {"producer": "kv_producer", "consumer": "kv_consumer", "both": "kv_both"}
 
 
 def _m() -> SimpleNamespace:
@@ -135,10 +139,12 @@ class LookupClient:
 
 
 class VllmMooncakeConnector(ConnectorAdapter):
+    """vLLM's Mooncake store connector (see module docstring); the core backend is used only
+    to build it (its ``KVCacheConfig``, partial hits and ``BlockPool``)."""
+
     def __init__(self, config: Any, core_backend: Any) -> None:
         super().__init__(config)
         m = self.m = _m()
-        self.core = core_backend
         kv_config = core_backend.kv_cache_config
         h = config.hash_block_size
         lcm = config.scheduler_block_size
@@ -150,7 +156,7 @@ class VllmMooncakeConnector(ConnectorAdapter):
             enable_partial_hash_hits=alignment < lcm)
         self.store = _Store()
         self.num_workers = n = self.conf["num_workers"]
-        role = _ROLE[self.conf["role"]]
+        role = KV_ROLE[self.conf["role"]]
         self.dbs, self.threads, self.workers = store_ranks(
             self.coord, store_groups, lcm, h, n, role, [self.store] * n, self.store)
         self.sched = self._scheduler(kv_config, role, lcm, h, store_groups, core_backend)
@@ -190,31 +196,14 @@ class VllmMooncakeConnector(ConnectorAdapter):
         s.bind_gpu_block_pool(core_backend.block_pool)
         return s
 
-    def _req(self, rid: str) -> Any:
-        return self.core.requests[rid]
-
     # --- scheduler side ----------------------------------------------------------------
 
-    def after_alloc(self, rid: str, table: tuple[list[int], ...],
-                    external: int) -> None:
-        blocks = SimpleNamespace(get_block_ids=lambda group_ids=None: tuple(
-            list(table[g]) for g in (group_ids if group_ids is not None else range(len(table)))))
-        self.sched.update_state_after_alloc(self._req(rid), blocks, external)
+    def after_alloc(self, req: Any, table: tuple[list[int], ...], external: int) -> None:
+        self.sched.update_state_after_alloc(req, kv_blocks(table), external)
 
-    def _job_obs(self, meta: Any) -> dict[str, Any]:
-        held = self.sched._pinned_saves.get(meta.store_job_id)
-        return job_obs(meta.store_job_id, meta.req_id, meta.token_ids_start,
-                       meta.token_len_chunk, meta.publish_partial_tail,
-                       [(p.group_id, p.block_id, p.num_tokens) for p in meta.boundary_puts or []],
-                       held[0] if held else [])
-
-    def build(self, rows: list[tuple[str, int, str, tuple[list[int], ...], int]],
-              finished: set[str], preempted: set[str],
-              offloads: dict[str, list[tuple[int, int, int]]],
-              table: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        out = scheduler_output(rows, finished, preempted, offloads, table, self.core.requests)
-        meta = self.sched.build_connector_meta(out)
-        jobs = [self._job_obs(r) for r in meta.requests if r.can_save]
+    def build(self, step: ConnStep) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        meta = self.sched.build_connector_meta(scheduler_output(step))
+        jobs = [self.job_obs(r) for r in meta.requests if r.can_save]
         loads = [{"rid": r.req_id, "local": r.load_spec.vllm_cached_tokens,
                   "external": r.load_spec.kvpool_cached_tokens}
                  for r in meta.requests if r.load_spec is not None]
@@ -224,48 +213,38 @@ class VllmMooncakeConnector(ConnectorAdapter):
                     if r.can_save:
                         thread.add_request(copy.copy(r))
             # get_finished -> _close_ended_store_requests (MW:1979-1990)
-            self.m.MooncakeStoreWorker._close_ended_store_requests(w, set(finished), meta)
+            self.m.MooncakeStoreWorker._close_ended_store_requests(w, set(step.finished), meta)
         return jobs, loads
 
     def pinned(self) -> dict[int, tuple[list[int], int]]:
         return self.sched._pinned_saves
 
-    def register(self, rid: str, block_ids: tuple[list[int], ...],
+    def register(self, req: Any, block_ids: tuple[list[int], ...],
                  tails: list[tuple[int, int, int]]) -> dict[str, Any] | None:
         before = self.sched._next_store_job_id
-        delay = self.sched.register_finished_partial_tail(self._req(rid), block_ids, tails)
+        delay = self.sched.register_finished_partial_tail(req, block_ids, tails)
         assert delay is False
         if self.sched._next_store_job_id == before:
             return None
-        return self._job_obs(self.sched._finished_partial_tail_metas[rid])
+        return self.job_obs(self.sched._finished_partial_tail_metas[req.request_id])
 
-    def trackers(self) -> dict[str, dict[str, Any]]:
-        return {rid: {"token_len": t.token_len, "saved": t.num_saved_tokens,
-                      "prefill_end": t.prefill_end_tokens, "tail_sent": t.partial_tail_sent}
-                for rid, t in sorted(self.sched._request_trackers.items())}
+    def request_trackers(self) -> dict[str, Any]:
+        return self.sched._request_trackers
 
     # --- workers -----------------------------------------------------------------------
 
-    def run_worker(self, w: int, n: int | None,
-                   script: Any) -> list[dict[str, Any]]:
-        self.store.set_script(script)
+    def run_one(self, w: int) -> tuple[int, str, str | None] | None:
         thread = self.threads[w]
-        h = self.trace_config.hash_block_size
-        out = []
-        while not thread.request_queue.empty() and (n is None or len(out) < n):
-            req = thread.request_queue.get_nowait()
-            self.store.context = (req.req_id, {
-                bytes(x).hex(): (i + 1) * h for i, x in enumerate(req.block_hashes)})
-            first = len(self.store.log)
-            entry: dict[str, Any] = {"job": req.store_job_id, "rid": req.req_id}
-            try:
-                thread._handle_request(req)
-            except Exception as e:  # noqa: BLE001 - the thread logs and carries on
-                entry["error"] = type(e).__name__
-            entry["batches"] = [batch_obs(t, e) for t, e in self.store.log[first:]]
-            out.append({"job": entry["job"], "rid": entry["rid"], "batches": entry["batches"],
-                        **({"error": entry["error"]} if "error" in entry else {})})
-        return out
+        if thread.request_queue.empty():
+            return None
+        req = thread.request_queue.get_nowait()
+        self.store.context = store_context(req.req_id, req.block_hashes,
+                                           self.trace_config.hash_block_size)
+        try:
+            thread._handle_request(req)
+        except Exception as e:  # noqa: BLE001 - the thread logs and carries on
+            return req.store_job_id, req.req_id, type(e).__name__
+        return req.store_job_id, req.req_id, None
 
     def worker_state(self, w: int) -> dict[str, Any]:
         t = self.threads[w]
@@ -280,31 +259,16 @@ class VllmMooncakeConnector(ConnectorAdapter):
         before = set(self.sched._pinned_saves)
         meta = self.m.MooncakeStoreWorkerMetadata(completed_saves=dict(completed))
         self.sched.update_connector_output(SimpleNamespace(kv_connector_worker_meta=meta))
-        return [j for j in completed if j in before and j not in self.sched._pinned_saves]
+        return self._released(before, completed)
 
     # --- lookups and store -------------------------------------------------------------
 
-    def store_lookup(self, rid: str, n: int) -> tuple[int, list[tuple[int, int]]]:
-        res = self.workers[0].lookup(n, self._req(rid).block_hashes)
+    def store_lookup(self, req: Any, n: int) -> tuple[int, list[tuple[int, int]]]:
+        res = self.workers[0].lookup(n, req.block_hashes)
         return res.hit_length, [(t.group_id, t.num_tokens) for t in res.tail_key_boundaries]
 
-    def matched(self, rid: str, num_computed: int) -> tuple[int | None, bool]:
-        return self.sched.get_num_new_matched_tokens(self._req(rid), num_computed)
+    def matched(self, req: Any, num_computed: int) -> tuple[int | None, bool]:
+        return self.sched.get_num_new_matched_tokens(req, num_computed)
 
-    def seed(self, rid: str, keys: list[tuple[int, ...]], workers: list[int],
-             remove: bool) -> int:
-        hashes = self._req(rid).block_hashes
-        h = self.trace_config.hash_block_size
-        n = 0
-        for r in workers:
-            for g, b in keys:
-                key = self.dbs[r][g].key_for(hashes[b // h - 1])
-                if remove:
-                    n += self.store.remove([key])
-                else:
-                    self.store.keys[key] = (r, g, b, rid)
-                    n += 1
-        return n
-
-    def store_tags(self) -> list[tuple[int, int, int, str]]:
-        return list(self.store.keys.values())
+    def store_key(self, rank: int, group: int, block_hash: Any) -> str:
+        return self.dbs[rank][group].key_for(block_hash)

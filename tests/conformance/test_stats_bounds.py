@@ -1,5 +1,7 @@
 """``tailproof stats URL`` against hostile endpoints on 127.0.0.1: an endless body, a slow
-drip and poisoned samples each end in exit 2 with one line, in bounded time and memory."""
+drip and poisoned samples each end in exit 2 with one line, in bounded memory, each by the
+bound its message names (the size cap or the deadline, never before it); no upper bound on
+seconds (a loaded machine is slower, not wrong)."""
 
 from __future__ import annotations
 
@@ -68,14 +70,12 @@ def test_endless_body_stops_at_the_size_cap(serve, capsys) -> None:  # type: ign
 
     url = serve(endless)
     tracemalloc.start()
-    t0 = time.monotonic()
     try:
         rc = main(["stats", url, "--timeout", "30"])
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert rc == 2
-    assert time.monotonic() - t0 < 30  # ended by the size cap, not the deadline
+    assert rc == 2  # ended by the size cap (the message), not the 30 s deadline
     assert f"more than {stats.MAX_RESPONSE_BYTES} bytes" in _one_line(capsys)
     assert peak < 4 * stats.MAX_RESPONSE_BYTES
 
@@ -90,8 +90,7 @@ def test_slow_drip_stops_at_the_deadline(serve, capsys) -> None:  # type: ignore
     url = serve(drip)
     t0 = time.monotonic()
     assert main(["stats", url, "--timeout", "1"]) == 2
-    elapsed = time.monotonic() - t0
-    assert 1 <= elapsed < 5
+    assert time.monotonic() - t0 >= 1  # not before the deadline (the message says which)
     assert "did not answer in full within 1 s" in _one_line(capsys)
 
 
@@ -104,7 +103,7 @@ def test_dripping_headers_stop_at_the_deadline(serve, capsys) -> None:  # type: 
     url = serve(drip)
     t0 = time.monotonic()
     assert main(["stats", url, "--timeout", "1"]) == 2
-    assert time.monotonic() - t0 < 5
+    assert time.monotonic() - t0 >= 1  # not before the deadline
     assert "within 1 s" in _one_line(capsys)
 
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
-import time
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -56,33 +57,56 @@ def test_memory_store_and_given_master(mooncake_master: str,
         assert (rc, out["divergences"]) == (0, []), extra
 
 
+# The real CLI, whose LocalMaster writes its PID to the pipe ``TP_MASTER_FD`` once it accepts:
+# the test signals the CLI exactly when the master is up, instead of polling the process tree.
+ANNOUNCING_CLI = textwrap.dedent("""
+    import os, sys
+    from tailproof.conformance import local_master
+    from tailproof.conformance.cli import main
+
+    start = local_master.LocalMaster.start
+
+    def announced(self, *args, **kwargs):
+        out = start(self, *args, **kwargs)
+        os.write(int(os.environ["TP_MASTER_FD"]), f"{self.pid}\\n".encode())
+        return out
+
+    local_master.LocalMaster.start = announced
+    sys.exit(main(sys.argv[1:]))
+""")
+LIVENESS_S = 120  # the CLI must start its master by then (only fails the test, never paces)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_to_the_cli_stops_the_master_it_started(mooncake_master: str,
                                                        sig: signal.Signals) -> None:
     conn = [str(p) for p in corpus_paths() if p.name.startswith("conn_")] * 50  # minutes of work
+    r, w = os.pipe()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tailproof.conformance.cli", "replay", *conn,
+        [sys.executable, "-c", ANNOUNCING_CLI, "replay", *conn,
          "--against", "reference,impl", "--store", "mooncake"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+        pass_fds=(w,), env={**os.environ, "TP_MASTER_FD": str(w)},
         # A runner started from a backgrounded shell has SIGINT ignored, and Python keeps an
         # inherited SIG_IGN (no KeyboardInterrupt): give the CLI the disposition a terminal
         # user's Ctrl-C meets.
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    os.close(w)
     try:
-        deadline = time.monotonic() + 120
-        masters: list[int] = []
-        while not masters:
-            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]  # type: ignore
-            assert time.monotonic() < deadline, "the CLI started no master"
-            masters = [c for c in children(proc.pid)
-                       if Path(f"/proc/{c}/comm").read_text().startswith("mooncake_maste")]
-            time.sleep(0.1)
+        ready, _, _ = select.select([r], [], [], LIVENESS_S)
+        assert ready, "the CLI started no master"
+        line = os.read(r, 64).decode()
+        assert line.endswith("\n"), proc.stderr.read().decode()[-2000:]  # type: ignore
+        master = int(line)
+        assert master in children(proc.pid)
+        assert Path(f"/proc/{master}/comm").read_text().startswith("mooncake_maste")
         proc.send_signal(sig)
         rc = proc.wait(timeout=60)
         # interrupted, not a clean run (the CLI's stderr says how it ended, if it did not)
         assert rc != 0, proc.stderr.read().decode()[-2000:]  # type: ignore[union-attr]
-        assert not alive(masters[0]), "mooncake_master outlived the CLI"
+        assert not alive(master), "mooncake_master outlived the CLI"
     finally:
+        os.close(r)
         if proc.poll() is None:
             proc.kill()
             proc.wait()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -357,27 +358,36 @@ def test_loads_do_not_block_the_step_and_report_when_done() -> None:
 
 
 def test_sender_copies_release_the_gil() -> None:
-    """A 64 MiB block copy on the sender thread leaves the interpreter to the step: a Python
-    loop on this thread keeps running while the copy is in flight."""
+    """A 16 MiB block copy on the sender thread leaves the interpreter to the step. With a
+    switch interval far longer than the test, the copying thread gives the GIL up only where
+    its copy releases it, so this thread runs again exactly in the middle of a copy; a copy
+    that held the GIL would let it run only once the copier had ended (``copies`` equal)."""
     from tailproof.impl.kv_layout import KVLayout
 
     big = torch.zeros(4, 16 << 20, dtype=torch.uint8)
     lay = KVLayout({"m": big}, [["m"]], 4)
     out = np.empty(16 << 20, np.uint8)
-    done = threading.Event()
+    copies = [0, 0]  # copies begun, copies finished
+    stop = threading.Event()
 
     def copy() -> None:
-        for _ in range(20):
+        while not stop.is_set() and copies[1] < 200:  # 200: the copier's own liveness bound
+            copies[0] += 1
             lay.read_block(0, 1, out)
-        done.set()
+            copies[1] += 1
 
-    t = threading.Thread(target=copy)
-    ticks = 0
-    t.start()
-    while not done.is_set():
-        ticks += 1
-    t.join()
-    assert ticks > 1000  # with the GIL held for each copy this loop would barely advance
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1000.0)
+    try:
+        t = threading.Thread(target=copy)
+        t.start()  # returns once the copier has given the GIL up
+        begun, finished = copies
+        stop.set()
+    finally:
+        sys.setswitchinterval(interval)
+    t.join(60)
+    assert not t.is_alive()
+    assert begun == finished + 1, copies  # this thread ran in the middle of a copy
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(),
@@ -392,7 +402,9 @@ def test_cuda_save_is_ordered_by_the_step_event_not_a_host_wait() -> None:
     w, runner = _worker(store, device="cuda")
     runner.forward("A", TOKENS, 0, 44, TABLES)
     torch.cuda.synchronize()
-    torch.cuda._sleep(1_000_000_000)  # ~0.5 s of GPU time ahead of the CoW copy
+    # ~5 s of GPU time ahead of the CoW copy: a margin only (wait_for_save must return while
+    # it runs, in milliseconds), ten times the ~0.5 s it was, so a loaded host never races it.
+    torch.cuda._sleep(10_000_000_000)
     runner.copy_blocks([(6, 12)])  # device-side: lands in block 12 only after the sleep
     w.wait_for_save(TailproofMeta(stores=[save(
         0, "A", 32, TABLES, HASHES, [BoundaryPut(0, 3, 44), BoundaryPut(1, 12, 44)])]))

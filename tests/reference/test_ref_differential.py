@@ -89,11 +89,5 @@ def test_split_matches_vllm_scheduler() -> None:
         expect = Scheduler._mamba_block_aligned_split(stand_in, vr, want, 0, 0)
         assert mamba_block_aligned_split(g, rr, want) == expect, (g, p, outputs, start, want)
 
-
-def test_reference_at_least_half_as_fast_as_vllm() -> None:
-    from ref_bench import compare
-
-    ref, vll = compare(n=400, length=200, identical=False)
-    assert ref <= 2 * vll, f"reference {ref:.3f}s vs vLLM {vll:.3f}s"
-    ref, vll = compare(n=400, length=200, identical=True)
-    assert ref <= 2 * vll, f"reference {ref:.3f}s vs vLLM {vll:.3f}s"
+# The reference's speed against vLLM's (at least half) is a benchmark:
+# benchmarks/test_core_throughput.py::test_reference_at_least_half_as_fast_as_vllm.

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
 MIB = 1 << 20
-T = TypeVar("T")
 
 
 def pattern(seed: int, n: int) -> np.ndarray:
@@ -26,15 +25,10 @@ def mooncake_config(master: str, **overrides: Any) -> dict[str, Any]:
     return cfg
 
 
-def timed(fn: Callable[[], T]) -> tuple[T, float]:
-    """(fn(), seconds it took)."""
-    t = time.monotonic()
-    r = fn()
-    return r, time.monotonic() - t
-
-
 def wait_until(pred: Callable[[], bool], timeout_s: float) -> bool:
-    """Poll ``pred`` every 0.1 s until true or ``timeout_s`` passes."""
+    """Poll ``pred`` every 0.1 s until true or ``timeout_s`` passes: a liveness bound for state
+    only the store's own threads change (a breaker's probe, Mooncake's eviction); the caller
+    asserts the result, so the timeout only ever fails a test, it never paces one."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if pred():
