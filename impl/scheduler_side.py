@@ -92,14 +92,22 @@ class RequestTracker:
     prefill_end_tokens: int = 0  # prompt length, or prompt + outputs for a resumed request
     num_saved_tokens: int = 0
     partial_tail_sent: bool = False
+    # ``readable_pins``: (job id, offset) -- every rank reported, after that job of this
+    # tracker's life, a saved offset >= offset; -1: no report yet. ``life`` counts resets, so
+    # a job of an earlier life (reported after a preemption) never confirms anything.
+    confirmed: tuple[int, int] = (-1, 0)
+    life: int = 0
 
     def reset(self) -> None:
-        """``RequestTracker.reset`` on preemption: everything zeroed."""
+        """``RequestTracker.reset`` on preemption: everything zeroed (a rank's saved offset is
+        dropped with it, ``close_ended_store_requests``)."""
         self.token_len = 0
         self.allocated_block_ids = ()
         self.num_saved_tokens = 0
         self.prefill_end_tokens = 0
         self.partial_tail_sent = False
+        self.confirmed = (-1, 0)
+        self.life += 1
 
 
 class SchedulerSide:
@@ -120,6 +128,11 @@ class SchedulerSide:
         self.epoch = INITIAL_EPOCH
         self.next_store_job_id = 0
         self.pinned_saves: dict[int, tuple[list[int], int]] = {}  # job -> (block ids, ranks left)
+        # ``readable_pins``: pinned normal-save job -> [its tracker, the tracker's life, the
+        # lowest saved offset the ranks reported so far (None: none yet)].
+        self._save_jobs: dict[int, list[Any]] = {}
+        self._readable = settings.readable_pins
+        self._pin_budget: int | None = None  # blocks; set when the pool is bound
         self.load_specs: dict[str, LoadSpec] = {}
         self.request_trackers: dict[str, RequestTracker] = {}
         self.unfinished_requests: dict[str, tuple[Any, tuple[list[int], ...]]] = {}
@@ -165,6 +178,9 @@ class SchedulerSide:
 
     def bind_gpu_block_pool(self, pool: Any) -> None:
         self.pool = pool
+        frac = self.settings.pin_budget_fraction
+        if frac is not None:
+            self._pin_budget = max(1, int(frac * (len(pool.blocks) - 1)))  # not the null block
 
     def get_num_new_matched_tokens(self, request: Any,
                                    num_computed: int) -> tuple[int | None, bool]:
@@ -302,7 +318,8 @@ class SchedulerSide:
         pending.extend(self.finished_turn_ends.values())
         self.finished_turn_ends.clear()
         for s in pending:
-            meta.stores.append(self._pin(s))
+            if self._pin(s):
+                meta.stores.append(s)
         if extension and self.settings.turn_end_checkpoints and state is not None:
             self._take_snapshots(so, state, meta)
         if extension and self.junction_targets and state is not None:
@@ -787,27 +804,64 @@ class SchedulerSide:
             lcm_block_size=geo.lcm_block_size, use_eagle=geo.use_eagle)
         return [BoundaryPut(*p) for p in puts]
 
-    def _pin(self, s: StoreJob) -> StoreJob:
-        """Assign a job id and take one GPU reference per distinct block the job may read."""
-        if s.store_job_id is None:
-            if s.decode_boundaries:
-                s.boundary_puts = [*self._decode_boundary_puts(s), *s.boundary_puts]
-            if tail := self.partial_tail_puts(s):
-                s.boundary_puts = [*tail, *s.boundary_puts]
-            ids = dict.fromkeys(p.block_id for p in s.boundary_puts)
-            if NULL_BLOCK_ID in ids:
-                raise AssertionError("a null block can never back a boundary put")
-            if s.token_len_chunk:
-                # A rank resumes from its own saved offset: pin every stored non-Mamba block.
-                mamba = self.geo.is_mamba
-                for g, table in enumerate(s.block_ids):
-                    if not mamba[g]:
-                        ids.update(dict.fromkeys(table))
-                ids.pop(NULL_BLOCK_ID, None)  # null table entries are never read
-            s.store_job_id = self._take_pins(list(ids))
-            if self._track_inflight:
-                self._register_inflight(s)
-        return s
+    def _pin(self, s: StoreJob) -> bool:
+        """Assign a job id and take one GPU reference per distinct block the job may read;
+        False: the job is skipped (pin budget), never emitted."""
+        if s.store_job_id is not None:
+            return True  # a finish-time job, pinned at finish
+        if s.decode_boundaries:
+            s.boundary_puts = [*self._decode_boundary_puts(s), *s.boundary_puts]
+        if tail := self.partial_tail_puts(s):
+            s.boundary_puts = [*tail, *s.boundary_puts]
+        ids = dict.fromkeys(p.block_id for p in s.boundary_puts)
+        if NULL_BLOCK_ID in ids:
+            raise AssertionError("a null block can never back a boundary put")
+        t = None
+        if s.token_len_chunk:
+            t = self.request_trackers.get(s.req_id) if self._readable else None
+            ids.update(self._save_pins(s, t))
+            ids.pop(NULL_BLOCK_ID, None)  # null table entries are never read
+        job = self._pins_within_budget(list(ids))
+        if job is None:
+            return False
+        s.store_job_id = job
+        if t is not None and job in self.pinned_saves:
+            self._save_jobs[job] = [t, t.life, None]
+        if self._track_inflight:
+            self._register_inflight(s)
+        return True
+
+    def _save_pins(self, s: StoreJob, t: RequestTracker | None) -> dict[int, None]:
+        """The non-Mamba blocks the normal save of ``s`` may read. vLLM 0.33
+        (``_reference_save_blocks``) pins every one of the table: a rank resumes from its own
+        saved offset, which lags after a failed or skipped put. With ``readable_pins`` (t
+        given) only ``[floor, end)``: ``floor`` = the offset every rank reported reaching
+        after an earlier job of this tracker's life (0 before any report), capped at
+        ``token_ids_start``. A rank's offset only grows within a life, its jobs run in order,
+        so it resumes at or above ``floor``; the worker reads nothing below ``pin_floor``."""
+        mamba, sizes = self.geo.is_mamba, self.geo.block_sizes
+        if t is None:
+            return {b: None for g, table in enumerate(s.block_ids) if not mamba[g]
+                    for b in table}
+        floor = min(s.token_ids_start, t.confirmed[1])
+        s.pin_floor = floor
+        end = s.token_len_chunk
+        out: dict[int, None] = {}
+        for g, table in enumerate(s.block_ids):
+            if not mamba[g]:
+                bs = sizes[g]
+                out.update(dict.fromkeys(table[floor // bs: -(-end // bs)]))
+        return out
+
+    def _pins_within_budget(self, ids: list[int]) -> int | None:
+        """:meth:`_take_pins`, or None (no id taken, counted) when that would hold more blocks
+        than the pin budget (``pin_budget_fraction``): the job is skipped, a future miss, as
+        after a pressure skip (not vLLM 0.33, whose pins are unbounded)."""
+        cap = self._pin_budget
+        if cap is not None and ids and self.metrics.pinned_blocks + len(ids) > cap:
+            self.metrics.c.inc("jobs_skipped_pin_budget")
+            return None
+        return self._take_pins(ids)
 
     def _take_pins(self, ids: list[int]) -> int:
         """A new job id pinning ``ids`` (distinct, non-null) until every worker reported."""
@@ -859,7 +913,10 @@ class SchedulerSide:
         s.boundary_puts = [*self.partial_tail_puts(s), *mamba]
         if rid in self.finished_partial_tails:
             raise AssertionError(f"{rid}: second finish-time hand-off")
-        s.store_job_id = self._take_pins(list(dict.fromkeys(p.block_id for p in s.boundary_puts)))
+        job = self._pins_within_budget(list(dict.fromkeys(p.block_id for p in s.boundary_puts)))
+        if job is None:
+            return False  # over the pin budget: the tail is not stored
+        s.store_job_id = job
         if self._track_inflight:
             self._register_inflight(s)
         self.finished_partial_tails[rid] = self._stamp(s)
@@ -883,10 +940,15 @@ class SchedulerSide:
                 self.metrics.c.inc("remembered_hits_failed", stale)
         if not isinstance(worker_meta, TailproofWorkerMeta):
             return
+        offsets = worker_meta.saved_offsets
+        saves = self._save_jobs
         for job, count in worker_meta.completed_saves.items():
             entry = self.pinned_saves.get(job)
             if entry is None:
                 continue  # a job that pinned nothing
+            if (ent := saves.get(job)) is not None:
+                off = offsets.get(job, 0)  # a report without offsets confirms nothing
+                ent[2] = off if ent[2] is None else min(ent[2], off)
             ids, left = entry
             left -= count
             if left > 0:
@@ -895,6 +957,11 @@ class SchedulerSide:
             if left < 0:
                 raise AssertionError(f"store job {job} reported by too many workers")
             del self.pinned_saves[job]
+            if ent is not None:
+                del saves[job]
+                t, life, off = ent
+                if t.life == life and job > t.confirmed[0]:
+                    t.confirmed = (job, off)
             if self._job_keys:
                 self._release_inflight(job)
             self.pool.free_blocks(self.pool.blocks[b] for b in reversed(ids))

@@ -129,6 +129,7 @@ class WorkerSide:
         self.stored_requests: dict[str, set[int]] = {}  # live store jobs per request
         self.finished_store_req: set[str] = set()  # finished requests whose jobs are still queued
         self.completed_saves: dict[int, int] = {}
+        self.saved_offsets: dict[int, int] = {}  # job -> its request's offset once it was over
         self.job_errors: dict[int, str] = {}  # job id -> exception class name (drained by run)
         self._events: dict[int, Any] = {}  # job id -> CUDA event after its step's forward
         self._enqueued_at: dict[int, float] = {}
@@ -435,6 +436,7 @@ class WorkerSide:
             if live is not None:
                 live.discard(jid)
             self.completed_saves[jid] = self.completed_saves.get(jid, 0) + 1
+            self.saved_offsets[jid] = self.saved_offset.get(job.req_id, 0)
             self._events.pop(jid, None)
             t0 = self._enqueued_at.pop(jid, None)
             active = self.gate.store_pressure_active
@@ -479,6 +481,11 @@ class WorkerSide:
         if not self._boundary_puts(job):
             return  # a failed boundary put also skips this job's normal save
         if token_len == 0:
+            return
+        if start < job.pin_floor:
+            # ``readable_pins``: the blocks below the job's pin floor may be reused already.
+            # Read nothing; the offset stays and this report makes the next job pin from it.
+            self.metrics.c.inc("saves_below_pin_floor")
             return
         items: list[tuple[int, int, bytes]] = []
         h = self.geo.hash_block_size
@@ -616,5 +623,6 @@ class WorkerSide:
             if not self.completed_saves:
                 return None
             out, self.completed_saves = self.completed_saves, {}
+            offs, self.saved_offsets = self.saved_offsets, {}
         self.metrics.c.set("queued_jobs", self.senders.pending if self.senders else 0)
-        return TailproofWorkerMeta(completed_saves=out)
+        return TailproofWorkerMeta(completed_saves=out, saved_offsets=offs)
