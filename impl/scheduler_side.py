@@ -910,15 +910,10 @@ class SchedulerSide:
                      block_hashes=list(request.block_hashes), boundary_puts=mamba,
                      completed_token_len=request.num_computed_tokens,
                      num_prompt_tokens=request.num_prompt_tokens)
-        s.boundary_puts = [*self.partial_tail_puts(s), *mamba]
         if rid in self.finished_partial_tails:
             raise AssertionError(f"{rid}: second finish-time hand-off")
-        job = self._pins_within_budget(list(dict.fromkeys(p.block_id for p in s.boundary_puts)))
-        if job is None:
+        if not self._pin(s):  # the attention tail puts, then the pins, as for a step's job
             return False  # over the pin budget: the tail is not stored
-        s.store_job_id = job
-        if self._track_inflight:
-            self._register_inflight(s)
         self.finished_partial_tails[rid] = self._stamp(s)
         return False
 
