@@ -22,7 +22,9 @@ a shared body would compare a function with itself. Pure arithmetic is shared in
   runs the boundary puts, then the normal save from this rank's saved offset; keys already
   stored are skipped; every job is reported done exactly once (``TailproofWorkerMeta``) however
   it ended, and only then does the scheduler drop its pins -- which is what keeps the blocks a
-  sender reads from being reused meanwhile. On a GPU the step records a CUDA event after its
+  sender reads from being reused meanwhile. Each report also carries the rank's saved offset
+  (``readable_pins``: the scheduler pins a later save only from there); a normal save whose
+  rank offset lies below the job's ``pin_floor`` reads nothing (``saves_below_pin_floor``). On a GPU the step records a CUDA event after its
   forward and CoW copies; the sender's device-to-host copy waits for it on its own stream;
 * bytes: a save copies each block once, from the KV tensors into the store value
   (``Store.write_batch``: the memory store's own array, else pinned/registered staging that

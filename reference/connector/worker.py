@@ -13,7 +13,9 @@ Mirrors ``KVCacheStoreSendingThread`` (MW:397-1045) and the ledger retirement of
    ``store_mask`` keeps (no Mamba chunk; of a sliding window only the blocks a hit at an lcm
    boundary can use, ``masks.store_mask``), null or missing sources skipped, each chunk keyed
    by its block-end hash; the offset advances only on full success of a live job, which also
-   clears the gate; -200 marks pressure.
+   clears the gate; -200 marks pressure. DEVIATION (readable pins, ``scheduler.py``): a rank
+   whose offset lies below the job's ``pin_floor`` saves nothing (the blocks below it are not
+   pinned), and every report carries the rank's offset once the job was over.
 
 Every path reports the job exactly once (the single ``finally``), so the scheduler can release
 its pins: skipped, failed and not-live jobs included.
