@@ -24,7 +24,8 @@ a shared body would compare a function with itself. Pure arithmetic is shared in
   it ended, and only then does the scheduler drop its pins -- which is what keeps the blocks a
   sender reads from being reused meanwhile. Each report also carries the rank's saved offset
   (``readable_pins``: the scheduler pins a later save only from there); a normal save whose
-  rank offset lies below the job's ``pin_floor`` reads nothing (``saves_below_pin_floor``). On a GPU the step records a CUDA event after its
+  rank offset lies below the job's ``pin_floor`` reads nothing (``saves_below_pin_floor``).
+  On a GPU the step records a CUDA event after its
   forward and CoW copies; the sender's device-to-host copy waits for it on its own stream;
 * bytes: a save copies each block once, from the KV tensors into the store value
   (``Store.write_batch``: the memory store's own array, else pinned/registered staging that
