@@ -854,11 +854,13 @@ class SchedulerSide:
         return out
 
     def _pins_within_budget(self, ids: list[int]) -> int | None:
-        """:meth:`_take_pins`, or None (no id taken, counted) when that would hold more blocks
-        than the pin budget (``pin_budget_fraction``): the job is skipped, a future miss, as
-        after a pressure skip (not vLLM 0.33, whose pins are unbounded)."""
-        cap = self._pin_budget
-        if cap is not None and ids and self.metrics.pinned_blocks + len(ids) > cap:
+        """:meth:`_take_pins`, or None (no id taken, counted) when other jobs hold pins and
+        this one would take the total past the pin budget (``pin_budget_fraction``): the job
+        is skipped, a future miss, as after a pressure skip (not vLLM 0.33, whose pins are
+        unbounded). A job alone is always taken, so a save larger than the budget still runs
+        when the senders keep up; pins stay within max(budget, the largest job)."""
+        cap, held = self._pin_budget, self.metrics.pinned_blocks
+        if cap is not None and ids and held and held + len(ids) > cap:
             self.metrics.c.inc("jobs_skipped_pin_budget")
             return None
         return self._take_pins(ids)

@@ -66,12 +66,12 @@ def connector_config(vllm_config: Any, connector: Any = None) -> dict[str, Any] 
         if extension_on(cfg):  # the connector's own default (Settings), not the traces'
             cfg.setdefault("checkpoint_lookup_wait", True)
         # tailproof's pin rules: what the engine ran (Settings' defaults when not given),
-        # since a trace's default is vLLM 0.33's rule
+        # written only when on (off is a trace's default: vLLM 0.33's rule)
         ran = getattr(connector, "settings", None)
         for key in DEVIATION_SWITCHES:
             val = extra[key] if key in extra else getattr(ran or Settings(), key)
-            if val is None:
-                cfg.pop(key, None)  # no budget: the trace default
+            if val is None or val is False:
+                cfg.pop(key, None)
             else:
                 cfg[key] = float(val) if key == "pin_budget_fraction" else val
     try:

@@ -45,9 +45,11 @@ request-id reuse, whose drained finish drops an offset mid-life) reads nothing f
 save and reports its offset, so the next job pins from there (a miss, never an unpinned read).
 
 DEVIATION, pin budget (``config.connector.pin_budget_fraction``; not vLLM 0.33, whose pins are
-unbounded): a job whose pins would take the blocks held by store jobs (counted per job) past
-``fraction * (pool blocks - 1)`` gets no id and is not emitted (a future miss, as after a pressure
-skip: its range is saved by the request's next job, which pins from the ranks' offsets).
+unbounded): a job whose pins would take the blocks held by other store jobs (counted per job)
+past ``fraction * (pool blocks - 1)`` gets no id and is not emitted (a future miss, as after a
+pressure skip: its range is saved by the request's next job, which pins from the ranks'
+offsets). A job is never skipped while no other job holds pins (progress for a save larger
+than the budget): pins stay within max(budget, the largest job).
 
 ``tailproof.impl.scheduler_side`` restates these rules independently on purpose: the corpus
 compares the two (and both with vLLM's own code), so neither imports the other.
@@ -434,11 +436,12 @@ class ConnectorScheduler:
 
     def _within_budget(self, ids: list[int]) -> bool:
         """DEVIATION (pin budget): whether pinning ``ids`` keeps the blocks held by store jobs
-        within ``pin_budget``; a job beyond it is skipped (never gets an id)."""
+        within ``pin_budget``, or no other job holds any (a job alone always runs); a job
+        beyond it is skipped (never gets an id)."""
         if self.pin_budget is None or not ids:
             return True
         held = sum(len(pins) for pins, _ in self.pinned_saves.values())
-        return held + len(ids) <= self.pin_budget
+        return not held or held + len(ids) <= self.pin_budget
 
     def _pin(self, job_id: int, ids: list[int]) -> None:
         """``pool.touch`` of a job's distinct blocks, held until every rank reported."""

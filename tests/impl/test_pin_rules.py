@@ -141,20 +141,27 @@ def test_pin_budget_skips_a_job_and_counts_it() -> None:
 
 def test_pin_budget_skips_a_finish_time_tail() -> None:
     s = side(pin_budget_fraction=0.02)  # 1 block
+    held = save(0, 16, rid="B")
+    assert pins(s, held) == FA_TABLE  # no tracker: the whole table; alone: taken past the budget
     s.request_trackers["A"].prefill_end_tokens = 40
     req = SimpleNamespace(request_id="A", block_hashes=[b"x"] * 10, num_computed_tokens=40,
                           num_prompt_tokens=41)
     tables = (list(FA_TABLE[:3]), [0, 0, 30])
     s.register_finished_partial_tail(req, tables, [(1, 30, 40)])
     assert "A" not in s.finished_partial_tails  # tail put block 3 + Mamba 30: 2 > 1
-    assert s.metrics.c.total("jobs_skipped_pin_budget") == 1 and not s.pinned_saves
+    assert s.metrics.c.total("jobs_skipped_pin_budget") == 1
+    assert list(s.pinned_saves) == [held.store_job_id]
+    report(s, held, 16)
+    s.register_finished_partial_tail(req, tables, [(1, 30, 40)])
+    assert "A" in s.finished_partial_tails  # alone again: taken
 
 
-def test_budget_blocks_only_store_jobs_within_it() -> None:
-    s = side(pin_budget_fraction=1.0)
+def test_a_job_alone_is_taken_past_the_budget() -> None:
+    s = side(pin_budget_fraction=0.02)  # 1 block
     j = save(0, 16)
     j.boundary_puts = [BoundaryPut(1, 20, 16)]
     assert pins(s, j) == [20, 1]
+    assert not s._pin(save(16, 32)) and s.metrics.c.total("jobs_skipped_pin_budget") == 1
 
 
 @pytest.mark.parametrize("bad", [0, 1.5, -0.1, True, "half"])

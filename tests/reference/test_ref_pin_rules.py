@@ -103,6 +103,8 @@ def test_pin_budget_skips_without_an_id() -> None:
     s.update_connector_output({big.store_job_id: 1}, {big.store_job_id: 96})
     assert _pins(s, _job(96, 112)) == [7]  # within the budget once A's pins are released
     wide = _sched(pin_budget_fraction=0.1)
-    rows = [_job(0, 16)]  # vLLM's rule pins the whole table: 8 > 6
+    first = _job(0, 16)  # vLLM's rule pins the whole table: 8 > 6, but a job alone runs
+    assert _pins(wide, first) == FA_TABLE
+    rows = [_job(16, 32)]
     wide._reference_save_blocks(rows)
-    assert rows == [] and not wide.pinned_saves
+    assert rows == [] and list(wide.pinned_saves) == [first.store_job_id]
