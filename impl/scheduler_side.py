@@ -133,6 +133,7 @@ class SchedulerSide:
         self._save_jobs: dict[int, list[Any]] = {}
         self._readable = settings.readable_pins
         self._pin_budget: int | None = None  # blocks; set when the pool is bound
+        self._earlier_pins = 0  # blocks pinned when this step's meta began (earlier jobs)
         self.load_specs: dict[str, LoadSpec] = {}
         self.request_trackers: dict[str, RequestTracker] = {}
         self.unfinished_requests: dict[str, tuple[Any, tuple[list[int], ...]]] = {}
@@ -250,6 +251,7 @@ class SchedulerSide:
     def build_connector_meta(self, so: Any) -> TailproofMeta:
         """Turn one ``SchedulerOutput`` into the workers' loads and pinned store jobs."""
         consumer = self.settings.is_consumer
+        self._earlier_pins = self.metrics.pinned_blocks  # the pin budget's backlog
         memo = self.lookup_client if isinstance(self.lookup_client, StoreLookup) else None
         for rid in sorted(so.finished_req_ids):
             if memo is not None:
@@ -854,12 +856,13 @@ class SchedulerSide:
         return out
 
     def _pins_within_budget(self, ids: list[int]) -> int | None:
-        """:meth:`_take_pins`, or None (no id taken, counted) when other jobs hold pins and
-        this one would take the total past the pin budget (``pin_budget_fraction``): the job
-        is skipped, a future miss, as after a pressure skip (not vLLM 0.33, whose pins are
-        unbounded). A job alone is always taken, so a save larger than the budget still runs
-        when the senders keep up; pins stay within max(budget, the largest job)."""
-        cap, held = self._pin_budget, self.metrics.pinned_blocks
+        """:meth:`_take_pins`, or None (no id taken, counted) when the pins still held by jobs
+        of earlier steps (their senders lag) plus this job's would pass the pin budget
+        (``pin_budget_fraction``): the job is skipped, a future miss, as after a pressure
+        skip (not vLLM 0.33, whose pins are unbounded). While the senders keep up (every job
+        reported before the next step) nothing is skipped, however large a step's saves;
+        pins stay within the budget plus one step's jobs."""
+        cap, held = self._pin_budget, self._earlier_pins
         if cap is not None and ids and held and held + len(ids) > cap:
             self.metrics.c.inc("jobs_skipped_pin_budget")
             return None

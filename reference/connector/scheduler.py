@@ -48,8 +48,10 @@ DEVIATION, pin budget (``config.connector.pin_budget_fraction``; not vLLM 0.33, 
 unbounded): a job whose pins would take the blocks held by other store jobs (counted per job)
 past ``fraction * (pool blocks - 1)`` gets no id and is not emitted (a future miss, as after a
 pressure skip: its range is saved by the request's next job, which pins from the ranks'
-offsets). A job is never skipped while no other job holds pins (progress for a save larger
-than the budget): pins stay within max(budget, the largest job).
+offsets). What counts is the blocks still pinned when the step's meta began -- jobs of earlier
+steps, whose senders lag -- plus the job's own: while every job is reported before the next
+step nothing is skipped, however large a step's saves; pins stay within the budget plus one
+step's jobs.
 
 ``tailproof.impl.scheduler_side`` restates these rules independently on purpose: the corpus
 compares the two (and both with vLLM's own code), so neither imports the other.
@@ -134,6 +136,7 @@ class ConnectorScheduler:
         self.pinned_saves: dict[int, tuple[list[int], int]] = {}
         # DEVIATION (readable pins): normal-save job -> [tracker, its life, lowest offset yet]
         self.save_jobs: dict[int, list] = {}
+        self.earlier_pins = 0  # DEVIATION (pin budget): blocks pinned when the step began
         frac = conf.pin_budget_fraction
         self.pin_budget = (None if frac is None or num_blocks is None
                            else max(1, int(frac * (num_blocks - 1))))
@@ -180,6 +183,7 @@ class ConnectorScheduler:
         """mirrors ``build_connector_meta`` (MS:304-525); returns the step's metadata rows."""
         conf, geo = self.conf, self.geo
         is_consumer = conf.is_consumer
+        self.earlier_pins = sum(len(pins) for pins, _ in self.pinned_saves.values())
         for rid in sorted(finished):
             self.turn_end.release(rid)  # EXTENSION: finish_turn normally did (then a no-op)
             self.junctions.forget(rid, finished=True)  # EXTENSION (junctions)
@@ -435,13 +439,12 @@ class ConnectorScheduler:
                                cdiv(job.token_len_chunk, self.geo.block_sizes[gid])]]
 
     def _within_budget(self, ids: list[int]) -> bool:
-        """DEVIATION (pin budget): whether pinning ``ids`` keeps the blocks held by store jobs
-        within ``pin_budget``, or no other job holds any (a job alone always runs); a job
-        beyond it is skipped (never gets an id)."""
-        if self.pin_budget is None or not ids:
-            return True
-        held = sum(len(pins) for pins, _ in self.pinned_saves.values())
-        return not held or held + len(ids) <= self.pin_budget
+        """DEVIATION (pin budget): whether the blocks still pinned when this step's meta began
+        (earlier jobs, ``earlier_pins``) plus ``ids`` stay within ``pin_budget``; a job beyond
+        it is skipped (never gets an id)."""
+        held = self.earlier_pins
+        return self.pin_budget is None or not ids or not held or (
+            held + len(ids) <= self.pin_budget)
 
     def _pin(self, job_id: int, ids: list[int]) -> None:
         """``pool.touch`` of a job's distinct blocks, held until every rank reported."""

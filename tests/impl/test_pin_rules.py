@@ -125,16 +125,23 @@ def test_worker_meta_aggregates_the_lowest_offset() -> None:
     assert a.completed_saves == {3: 2, 4: 1} and a.saved_offsets == {3: 16, 4: 8}
 
 
+def new_step(s: SchedulerSide) -> None:
+    """What ``build_connector_meta`` notes first: the pins earlier steps' jobs still hold."""
+    s._earlier_pins = s.metrics.pinned_blocks
+
+
 def test_pin_budget_skips_a_job_and_counts_it() -> None:
     s = side(pin_budget_fraction=0.1)  # int(0.1 * 63) = 6 blocks
     assert s._pin_budget == 6
     big = save(0, 96)  # FA blocks 1-6
     assert pins(s, big) == FA_TABLE[:6]
+    new_step(s)  # big's senders lag: its 6 pins are the backlog
     over = save(96, 112, rid="B")
     assert not s._pin(over) and over.store_job_id is None
     assert s.metrics.c.total("jobs_skipped_pin_budget") == 1
     before = s.next_store_job_id
     report(s, big, 96)
+    new_step(s)
     ok = save(96, 112)
     assert pins(s, ok) == [7] and ok.store_job_id == before  # no id was taken by the skip
 
@@ -142,26 +149,30 @@ def test_pin_budget_skips_a_job_and_counts_it() -> None:
 def test_pin_budget_skips_a_finish_time_tail() -> None:
     s = side(pin_budget_fraction=0.02)  # 1 block
     held = save(0, 16, rid="B")
-    assert pins(s, held) == FA_TABLE  # no tracker: the whole table; alone: taken past the budget
+    assert pins(s, held) == FA_TABLE  # no tracker: the whole table; no backlog: taken
+    new_step(s)
     s.request_trackers["A"].prefill_end_tokens = 40
     req = SimpleNamespace(request_id="A", block_hashes=[b"x"] * 10, num_computed_tokens=40,
                           num_prompt_tokens=41)
     tables = (list(FA_TABLE[:3]), [0, 0, 30])
     s.register_finished_partial_tail(req, tables, [(1, 30, 40)])
-    assert "A" not in s.finished_partial_tails  # tail put block 3 + Mamba 30: 2 > 1
+    assert "A" not in s.finished_partial_tails  # backlog 8 + tail block 3 + Mamba 30 > 1
     assert s.metrics.c.total("jobs_skipped_pin_budget") == 1
     assert list(s.pinned_saves) == [held.store_job_id]
     report(s, held, 16)
+    new_step(s)
     s.register_finished_partial_tail(req, tables, [(1, 30, 40)])
-    assert "A" in s.finished_partial_tails  # alone again: taken
+    assert "A" in s.finished_partial_tails  # no backlog: taken
 
 
-def test_a_job_alone_is_taken_past_the_budget() -> None:
+def test_a_steps_own_jobs_are_not_skipped() -> None:
     s = side(pin_budget_fraction=0.02)  # 1 block
     j = save(0, 16)
     j.boundary_puts = [BoundaryPut(1, 20, 16)]
     assert pins(s, j) == [20, 1]
-    assert not s._pin(save(16, 32)) and s.metrics.c.total("jobs_skipped_pin_budget") == 1
+    assert pins(s, save(16, 32)) == [1, 2]  # same step: no backlog from earlier steps
+    new_step(s)
+    assert not s._pin(save(32, 48)) and s.metrics.c.total("jobs_skipped_pin_budget") == 1
 
 
 @pytest.mark.parametrize("bad", [0, 1.5, -0.1, True, "half"])

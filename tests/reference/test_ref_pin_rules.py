@@ -97,14 +97,17 @@ def test_pin_budget_skips_without_an_id() -> None:
     s = _sched(pin_budget_fraction=0.1, readable_pins=True)  # int(0.1 * 63) = 6 blocks
     big = _job(0, 96)
     assert _pins(s, big) == FA_TABLE[:6]
+    s.earlier_pins = 6  # the next step begins with big unreported (build_connector_meta)
     rows = [_job(96, 112, rid="B")]
     s._reference_save_blocks(rows)
     assert rows == [] and s.next_store_job_id == 1
     s.update_connector_output({big.store_job_id: 1}, {big.store_job_id: 96})
+    s.earlier_pins = 0
     assert _pins(s, _job(96, 112)) == [7]  # within the budget once A's pins are released
     wide = _sched(pin_budget_fraction=0.1)
-    first = _job(0, 16)  # vLLM's rule pins the whole table: 8 > 6, but a job alone runs
+    first = _job(0, 16)  # vLLM's rule pins the whole table: 8 > 6, no backlog: taken
     assert _pins(wide, first) == FA_TABLE
+    wide.earlier_pins = 8
     rows = [_job(16, 32)]
     wide._reference_save_blocks(rows)
     assert rows == [] and list(wide.pinned_saves) == [first.store_job_id]
