@@ -45,7 +45,7 @@ from typing import Any
 
 from tailproof.impl.config import Settings, StoreGeometry
 from tailproof.impl.junctions import JunctionIndex
-from tailproof.impl.keys import INITIAL_EPOCH
+from tailproof.impl.keys import KeyEpoch
 from tailproof.impl.lookup import StoreLookup
 from tailproof.impl.meta import (
     BoundaryPut,
@@ -124,8 +124,9 @@ class SchedulerSide:
         self.metrics = metrics or SchedulerMetrics()
         self.pool: Any = None
         # The key epoch (``keys.KeySpace``): every load and store job is stamped with the epoch
-        # its KV belongs to; a prefix-cache reset moves it (:meth:`move_epoch`).
-        self.epoch = INITIAL_EPOCH
+        # its KV belongs to; a prefix-cache reset moves it (:meth:`move_epoch`). This role owns
+        # it; its lookup client reads the same object.
+        self.key_epoch = lookup.key_epoch if isinstance(lookup, StoreLookup) else KeyEpoch()
         self.next_store_job_id = 0
         self.pinned_saves: dict[int, tuple[list[int], int]] = {}  # job -> (block ids, ranks left)
         # ``readable_pins``: pinned normal-save job -> [its tracker, the tracker's life, the
@@ -991,8 +992,12 @@ class SchedulerSide:
             return f"{pending} store job(s) still pending"
         return None
 
+    @property
+    def epoch(self) -> str:
+        """The current key epoch (jobs and loads are stamped with it)."""
+        return self.key_epoch.value
+
     def move_epoch(self, epoch: str) -> None:
-        """Move to a fresh key epoch: lookups and jobs built from now on use it."""
-        self.epoch = epoch
-        if self.lookup_client is not None:
-            self.lookup_client.epoch = epoch
+        """Move to a fresh key epoch: lookups and jobs built from now on use it (the lookup
+        client shares :attr:`key_epoch`)."""
+        self.key_epoch.value = epoch

@@ -10,6 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from tailproof.impl.config import ConfigError, Settings, StoreGeometry, parse_settings
+from tailproof.impl.keys import KeyEpoch
+from tailproof.impl.lookup import StoreLookup
 from tailproof.impl.meta import BoundaryPut, StoreJob, TailproofWorkerMeta
 from tailproof.impl.scheduler_side import RequestTracker, SchedulerSide
 
@@ -186,3 +188,12 @@ def test_pin_settings_parse() -> None:
     assert s.pin_budget_fraction is None and not s.readable_pins
     d = parse_settings({}, "kv_both")
     assert d.readable_pins and d.pin_budget_fraction == 0.25
+
+
+def test_the_scheduler_role_owns_the_key_epoch() -> None:
+    """One owner (issue 23): a reset moves the epoch the lookup client reads, too."""
+    lk = StoreLookup.__new__(StoreLookup)  # only its epoch is read here
+    lk.key_epoch = KeyEpoch()
+    s = SchedulerSide(Settings(), side().geo, lk, 1)
+    s.move_epoch("e1")
+    assert s.epoch == lk.epoch == "e1" and s.key_epoch is lk.key_epoch
