@@ -10,7 +10,8 @@ waiting request is then asked about (local prefix cache, then the connector's
 asked again every step, as vLLM does; N - 1 more requests wait behind it. The waiting prompts
 share nothing with R or the store (a hit would admit the head with an asynchronous load).
 Timed: R's full-chunk steps, ``schedule()`` + ``update_from_output()``; the model
-runner output (R's worker reporting every store job done) is built untimed. Groups: full
+runner output (R's worker reporting every store job done, with its saved offset: one rank
+whose puts all succeed) is built untimed. Groups: full
 attention 16 + Mamba 64, h = 16 (partial hits on).
 
 Each round builds fresh schedulers and runs R's prefill steps on each variant, in an order
@@ -89,6 +90,8 @@ def run(variant: str, length: int, waiting: int) -> tuple[float, int, int]:
     side = sched.connector.scheduler_side if variant != "none" else None
     probed0 = side.lookup_client.keys_probed if side else 0
     total, steps = 0.0, 0
+    offsets: dict[str, int] = {}  # the simulated rank's saved offset per request
+    done: dict[int, int] = {}  # job -> that offset once the job ran
     gc.collect()
     gc.disable()
     try:
@@ -98,9 +101,14 @@ def run(variant: str, length: int, waiting: int) -> tuple[float, int, int]:
             total += time.perf_counter() - t0
             rids = list(so.num_scheduled_tokens)
             kvo = None
-            if side is not None:
+            if side is not None:  # one rank whose puts all succeed: its offset is each end
+                for job in so.kv_connector_metadata.stores:
+                    if job.token_len_chunk:
+                        offsets[job.req_id] = job.token_len_chunk
+                    done[job.store_job_id] = offsets.get(job.req_id, 0)
                 kvo = KVConnectorOutput(kv_connector_worker_meta=TailproofWorkerMeta(
-                    completed_saves={j: 1 for j in side.pinned_saves}))
+                    completed_saves={j: 1 for j in side.pinned_saves},
+                    saved_offsets={j: done.pop(j) for j in side.pinned_saves}))
             # schedule() already advanced num_computed_tokens: a finished prefill samples
             sampled = [[7] if sched.requests[r].num_computed_tokens >= sched.requests[r].num_tokens
                        else [] for r in rids]

@@ -57,6 +57,10 @@ EXTENSION_FIELDS: dict[str, tuple[type, Any]] = {
     # junction checkpoints (docs/junctions.md, "The extension")
     "junction_checkpoints": (bool, False),
     "junction_index_blocks": (int, 1 << 18),
+    # tailproof's pin rules (reference/connector/scheduler.py, DEVIATIONS; not vLLM 0.33): off
+    # in traces unless given (impl's own defaults are on: true, 0.25)
+    "readable_pins": (bool, False),
+    "pin_budget_fraction": (float, None),
 }
 JUNCTION_INDEX_MAX = 1 << 24
 
@@ -87,6 +91,9 @@ def validate_connector_config(doc: dict[str, Any]) -> dict[str, Any]:
     if not 1 <= out.get("junction_index_blocks", 1) <= JUNCTION_INDEX_MAX:
         raise ValueError(f"junction_index_blocks must be in 1..{JUNCTION_INDEX_MAX}, "
                          f"got {out['junction_index_blocks']}")
+    frac = out.get("pin_budget_fraction")
+    if frac is not None and not 0 < frac <= 1:
+        raise ValueError(f"pin_budget_fraction must be in (0, 1], got {frac}")
     if out["role"] not in ("producer", "consumer", "both"):
         raise ValueError(f"role must be producer, consumer or both, got {out['role']!r}")
     if not 1 <= out["num_workers"] <= 8:
@@ -108,10 +115,22 @@ def extension_on(conf: dict[str, Any] | None) -> bool:
     return bool(conf) and any(conf.get(k) for k in _EXTENSION_SWITCHES)
 
 
+#: connector keys of tailproof's own pin rules, which vLLM 0.33's connector does not have
+DEVIATION_SWITCHES = {
+    "readable_pins": "tailproof's readable-pins rule (reference/connector/scheduler.py)",
+    "pin_budget_fraction": "tailproof's pin budget (reference/connector/scheduler.py)",
+}
+
+
 def extension_refusal(config: Any) -> str | None:
-    """Why a vLLM adapter cannot run a trace: its connector section turns on the extension
-    (running it would silently ignore the setting). None when it can."""
+    """Why a vLLM adapter cannot run a trace: its connector section turns on the extension or
+    one of tailproof's pin rules (running it would silently ignore the setting). None when it
+    can."""
     conf = getattr(config, "connector", None)
+    for key, what in DEVIATION_SWITCHES.items():
+        if conf and conf.get(key) not in (None, False):
+            return (f"config.connector.{key} is set: {what} is not in vLLM 0.33; only "
+                    "reference and impl run it")
     if not extension_on(conf):
         return None
     on = [k for k in _EXTENSION_SWITCHES if conf.get(k)]

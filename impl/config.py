@@ -75,6 +75,13 @@ class Settings:
     # at its hit, so requests share the attention blocks of a prefix the device still holds
     # instead of each loading a private copy (``supports_divergent_local_hybrid_hits``).
     divergent_local_hits: bool = False
+    # Pins (README, "Store failures"; not vLLM 0.33, whose ``_reference_save_blocks`` pins the
+    # whole table for every normal save): a normal save pins only the blocks some rank can
+    # still read, from the lowest saved offset every rank has reported (scheduler_side).
+    readable_pins: bool = True
+    # Most GPU blocks store jobs may pin at once, as a share of the pool (None: no bound); a
+    # job past it is skipped and counted (``jobs_skipped_pin_budget``): a future miss.
+    pin_budget_fraction: float | None = 0.25
 
     @property
     def reuse_extension(self) -> bool:
@@ -117,6 +124,8 @@ _SETTING_TYPES: dict[str, type | tuple[type, ...]] = {
     "junction_index_blocks": int,
     "checkpoint_lookup_wait": bool,
     "divergent_local_hits": bool,
+    "readable_pins": bool,
+    "pin_budget_fraction": (int, float, type(None)),
 }
 MAX_CHECKPOINT_SLOTS = 4096
 MAX_THREADS = 8  # data-plane threads per kind: copies are memory-bound, more only contend
@@ -187,6 +196,8 @@ def parse_settings(extra: dict[str, Any] | None, kv_role: str | None) -> Setting
             want = getattr(typ, "__name__", typ)
             if key in REUSE_PARTS:
                 want = 'bool or "auto"'
+            if key == "pin_budget_fraction":
+                want = "a number in (0, 1] or null"
             problems.append(f"{key} must be {want}, got {val!r}")
     store = extra.get("store", "memory")
     if isinstance(store, str) and store not in STORE_KINDS:
@@ -207,6 +218,9 @@ def parse_settings(extra: dict[str, Any] | None, kv_role: str | None) -> Setting
     val = extra.get("junction_index_blocks")
     if isinstance(val, int) and not isinstance(val, bool) and not 1 <= val <= 1 << 24:
         problems.append(f"junction_index_blocks must be in 1..{1 << 24}, got {val}")
+    val = extra.get("pin_budget_fraction")
+    if isinstance(val, bool) or (isinstance(val, (int, float)) and not 0 < val <= 1):
+        problems.append(f"pin_budget_fraction must be a number in (0, 1] or null, got {val!r}")
     val = extra.get("checkpoint_reserve_blocks")
     if isinstance(val, int) and not isinstance(val, bool) and val < 0:
         problems.append(f"checkpoint_reserve_blocks must be >= 0, got {val}")

@@ -76,3 +76,13 @@ def parse_key(key: str) -> ParsedKey:
 def new_epoch() -> str:
     """A fresh epoch for a reset: random, so no other engine or restart can pick it."""
     return secrets.token_hex(4)
+
+
+class KeyEpoch:
+    """The engine's current key epoch, one object owned by the scheduler role
+    (``SchedulerSide.move_epoch``) and read by its lookups, so the two never disagree."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: str = INITIAL_EPOCH) -> None:
+        self.value = value

@@ -41,7 +41,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.coordinator imp
 )
 
 from tailproof.impl.config import StoreGeometry
-from tailproof.impl.keys import INITIAL_EPOCH, KeySpace
+from tailproof.impl.keys import KeyEpoch, KeySpace
 from tailproof.impl.meta import TailKeyBoundary
 from tailproof.spec.arithmetic import cdiv
 
@@ -151,7 +151,8 @@ class StoreLookup:
         self.exists = exists
         self.keys = keys
         self.world = world_size
-        self.epoch = INITIAL_EPOCH  # moved by a prefix-cache reset (``keys.new_epoch``)
+        # Read, never moved, here: the scheduler role owns it (``SchedulerSide.move_epoch``).
+        self.key_epoch = KeyEpoch()
         self.removals = removals or (lambda: None)
         self.remember = True  # False: every ask probes every candidate (vLLM 0.33's way)
         self.memos: OrderedDict[str, _Memo] = OrderedDict()
@@ -231,6 +232,11 @@ class StoreLookup:
         if hit <= 0:
             return LookupResult(0)
         return LookupResult(hit, self._tail_key_boundaries(hashes, hit, present))
+
+    @property
+    def epoch(self) -> str:
+        """The key epoch lookups ask under (moved by a prefix-cache reset)."""
+        return self.key_epoch.value
 
     def forget(self, rid: str) -> None:
         """Drop ``rid``'s remembered lookup (admitted, preempted or finished)."""

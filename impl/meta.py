@@ -90,6 +90,10 @@ class StoreJob:
     # Decode-time aligned Mamba boundaries accepted this step (``decode_boundary_saves``): the
     # job also puts the attention blocks up to each (``turn_end_attention_puts``) when pinned.
     decode_boundaries: list[int] = field(default_factory=list)
+    # ``readable_pins``: the token offset from which the job's normal-save blocks are pinned
+    # (0: the whole table, vLLM 0.33's rule). A rank whose saved offset lies below it reads
+    # nothing for the normal save (worker_side: the save is skipped, its offset stays).
+    pin_floor: int = 0
 
 
 @dataclass
@@ -107,13 +111,19 @@ class TailproofMeta(KVConnectorMetadata):
 @dataclass
 class TailproofWorkerMeta(KVConnectorWorkerMetadata):
     """Per step, per worker: ``store_job_id`` -> number of workers done with it
-    (``MooncakeStoreWorkerMetadata``)."""
+    (``MooncakeStoreWorkerMetadata``), and -> the lowest saved offset of the job's request on
+    the reporting workers once the job was over (not vLLM 0.33: it bounds what a later job of
+    the request can read, ``SchedulerSide`` with ``readable_pins``)."""
 
     completed_saves: dict[int, int] = field(default_factory=dict)
+    saved_offsets: dict[int, int] = field(default_factory=dict)
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> TailproofWorkerMeta:
         assert isinstance(other, TailproofWorkerMeta)
         for job, n in other.completed_saves.items():
             self.completed_saves[job] = self.completed_saves.get(job, 0) + n
+        for job, off in other.saved_offsets.items():
+            mine = self.saved_offsets.get(job)
+            self.saved_offsets[job] = off if mine is None else min(mine, off)
         return self
 

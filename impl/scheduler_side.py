@@ -46,7 +46,7 @@ from typing import Any
 
 from tailproof.impl.config import Settings, StoreGeometry
 from tailproof.impl.junctions import JunctionCheckpoints
-from tailproof.impl.keys import INITIAL_EPOCH
+from tailproof.impl.keys import KeyEpoch
 from tailproof.impl.lookup import StoreLookup
 from tailproof.impl.meta import (
     BoundaryPut,
@@ -85,14 +85,22 @@ class RequestTracker:
     prefill_end_tokens: int = 0  # prompt length, or prompt + outputs for a resumed request
     num_saved_tokens: int = 0
     partial_tail_sent: bool = False
+    # ``readable_pins``: (job id, offset) -- every rank reported, after that job of this
+    # tracker's life, a saved offset >= offset; -1: no report yet. ``life`` counts resets, so
+    # a job of an earlier life (reported after a preemption) never confirms anything.
+    confirmed: tuple[int, int] = (-1, 0)
+    life: int = 0
 
     def reset(self) -> None:
-        """``RequestTracker.reset`` on preemption: everything zeroed."""
+        """``RequestTracker.reset`` on preemption: everything zeroed (a rank's saved offset is
+        dropped with it, ``close_ended_store_requests``)."""
         self.token_len = 0
         self.allocated_block_ids = ()
         self.num_saved_tokens = 0
         self.prefill_end_tokens = 0
         self.partial_tail_sent = False
+        self.confirmed = (-1, 0)
+        self.life += 1
 
 
 class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
@@ -110,10 +118,17 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
         self.metrics = metrics or SchedulerMetrics()
         self.pool: Any = None
         # The key epoch (``keys.KeySpace``): every load and store job is stamped with the epoch
-        # its KV belongs to; a prefix-cache reset moves it (:meth:`move_epoch`).
-        self.epoch = INITIAL_EPOCH
+        # its KV belongs to; a prefix-cache reset moves it (:meth:`move_epoch`). This role owns
+        # it; its lookup client reads the same object.
+        self.key_epoch = lookup.key_epoch if isinstance(lookup, StoreLookup) else KeyEpoch()
         self.next_store_job_id = 0
         self.pinned_saves: dict[int, tuple[list[int], int]] = {}  # job -> (block ids, ranks left)
+        # ``readable_pins``: pinned normal-save job -> [its tracker, the tracker's life, the
+        # lowest saved offset the ranks reported so far (None: none yet)].
+        self._save_jobs: dict[int, list[Any]] = {}
+        self._readable = settings.readable_pins
+        self._pin_budget: int | None = None  # blocks; set when the pool is bound
+        self._earlier_pins = 0  # blocks pinned when this step's meta began (earlier jobs)
         self.load_specs: dict[str, LoadSpec] = {}
         self.request_trackers: dict[str, RequestTracker] = {}
         self.unfinished_requests: dict[str, tuple[Any, tuple[list[int], ...]]] = {}
@@ -135,6 +150,9 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
 
     def bind_gpu_block_pool(self, pool: Any) -> None:
         self.pool = pool
+        frac = self.settings.pin_budget_fraction
+        if frac is not None:
+            self._pin_budget = max(1, int(frac * (len(pool.blocks) - 1)))  # not the null block
 
     def get_num_new_matched_tokens(self, request: Any,
                                    num_computed: int) -> tuple[int | None, bool]:
@@ -204,6 +222,7 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
     def build_connector_meta(self, so: Any) -> TailproofMeta:
         """Turn one ``SchedulerOutput`` into the workers' loads and pinned store jobs."""
         consumer = self.settings.is_consumer
+        self._earlier_pins = self.metrics.pinned_blocks  # the pin budget's backlog
         memo = self.lookup_client if isinstance(self.lookup_client, StoreLookup) else None
         for rid in sorted(so.finished_req_ids):
             if memo is not None:
@@ -272,7 +291,8 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
         pending.extend(self.finished_turn_ends.values())
         self.finished_turn_ends.clear()
         for s in pending:
-            meta.stores.append(self._pin(s))
+            if self._pin(s):
+                meta.stores.append(s)
         if extension and self.settings.turn_end_checkpoints and state is not None:
             self._take_snapshots(so, state, meta)
         if extension and self.junction_targets and state is not None:
@@ -452,27 +472,67 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
             lcm_block_size=geo.lcm_block_size, use_eagle=geo.use_eagle)
         return [BoundaryPut(*p) for p in puts]
 
-    def _pin(self, s: StoreJob) -> StoreJob:
-        """Assign a job id and take one GPU reference per distinct block the job may read."""
-        if s.store_job_id is None:
-            if s.decode_boundaries:
-                s.boundary_puts = [*self._decode_boundary_puts(s), *s.boundary_puts]
-            if tail := self.partial_tail_puts(s):
-                s.boundary_puts = [*tail, *s.boundary_puts]
-            ids = dict.fromkeys(p.block_id for p in s.boundary_puts)
-            if NULL_BLOCK_ID in ids:
-                raise AssertionError("a null block can never back a boundary put")
-            if s.token_len_chunk:
-                # A rank resumes from its own saved offset: pin every stored non-Mamba block.
-                mamba = self.geo.is_mamba
-                for g, table in enumerate(s.block_ids):
-                    if not mamba[g]:
-                        ids.update(dict.fromkeys(table))
-                ids.pop(NULL_BLOCK_ID, None)  # null table entries are never read
-            s.store_job_id = self._take_pins(list(ids))
-            if self._track_inflight:
-                self._register_inflight(s)
-        return s
+    def _pin(self, s: StoreJob) -> bool:
+        """Assign a job id and take one GPU reference per distinct block the job may read;
+        False: the job is skipped (pin budget), never emitted."""
+        if s.store_job_id is not None:
+            return True  # a finish-time job, pinned at finish
+        if s.decode_boundaries:
+            s.boundary_puts = [*self._decode_boundary_puts(s), *s.boundary_puts]
+        if tail := self.partial_tail_puts(s):
+            s.boundary_puts = [*tail, *s.boundary_puts]
+        ids = dict.fromkeys(p.block_id for p in s.boundary_puts)
+        if NULL_BLOCK_ID in ids:
+            raise AssertionError("a null block can never back a boundary put")
+        t = None
+        if s.token_len_chunk:
+            t = self.request_trackers.get(s.req_id) if self._readable else None
+            ids.update(self._save_pins(s, t))
+            ids.pop(NULL_BLOCK_ID, None)  # null table entries are never read
+        job = self._pins_within_budget(list(ids))
+        if job is None:
+            return False
+        s.store_job_id = job
+        if t is not None and job in self.pinned_saves:
+            self._save_jobs[job] = [t, t.life, None]
+        if self._track_inflight:
+            self._register_inflight(s)
+        return True
+
+    def _save_pins(self, s: StoreJob, t: RequestTracker | None) -> dict[int, None]:
+        """The non-Mamba blocks the normal save of ``s`` may read. vLLM 0.33
+        (``_reference_save_blocks``) pins every one of the table: a rank resumes from its own
+        saved offset, which lags after a failed or skipped put. With ``readable_pins`` (t
+        given) only ``[floor, end)``: ``floor`` = the offset every rank reported reaching
+        after an earlier job of this tracker's life (0 before any report), capped at
+        ``token_ids_start``. A rank's offset only grows within a life, its jobs run in order,
+        so it resumes at or above ``floor``; the worker reads nothing below ``pin_floor``."""
+        mamba, sizes = self.geo.is_mamba, self.geo.block_sizes
+        if t is None:
+            return {b: None for g, table in enumerate(s.block_ids) if not mamba[g]
+                    for b in table}
+        floor = min(s.token_ids_start, t.confirmed[1])
+        s.pin_floor = floor
+        end = s.token_len_chunk
+        out: dict[int, None] = {}
+        for g, table in enumerate(s.block_ids):
+            if not mamba[g]:
+                bs = sizes[g]
+                out.update(dict.fromkeys(table[floor // bs: -(-end // bs)]))
+        return out
+
+    def _pins_within_budget(self, ids: list[int]) -> int | None:
+        """:meth:`_take_pins`, or None (no id taken, counted) when the pins still held by jobs
+        of earlier steps (their senders lag) plus this job's would pass the pin budget
+        (``pin_budget_fraction``): the job is skipped, a future miss, as after a pressure
+        skip (not vLLM 0.33, whose pins are unbounded). While the senders keep up (every job
+        reported before the next step) nothing is skipped, however large a step's saves;
+        pins stay within the budget plus one step's jobs."""
+        cap, held = self._pin_budget, self._earlier_pins
+        if cap is not None and ids and held and held + len(ids) > cap:
+            self.metrics.c.inc("jobs_skipped_pin_budget")
+            return None
+        return self._take_pins(ids)
 
     def _take_pins(self, ids: list[int]) -> int:
         """A new job id pinning ``ids`` (distinct, non-null) until every worker reported."""
@@ -521,12 +581,10 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
                      block_hashes=list(request.block_hashes), boundary_puts=mamba,
                      completed_token_len=request.num_computed_tokens,
                      num_prompt_tokens=request.num_prompt_tokens)
-        s.boundary_puts = [*self.partial_tail_puts(s), *mamba]
         if rid in self.finished_partial_tails:
             raise AssertionError(f"{rid}: second finish-time hand-off")
-        s.store_job_id = self._take_pins(list(dict.fromkeys(p.block_id for p in s.boundary_puts)))
-        if self._track_inflight:
-            self._register_inflight(s)
+        if not self._pin(s):  # the attention tail puts, then the pins, as for a step's job
+            return False  # over the pin budget: the tail is not stored
         self.finished_partial_tails[rid] = self._stamp(s)
         return False
 
@@ -548,10 +606,15 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
                 self.metrics.c.inc("remembered_hits_failed", stale)
         if not isinstance(worker_meta, TailproofWorkerMeta):
             return
+        offsets = worker_meta.saved_offsets
+        saves = self._save_jobs
         for job, count in worker_meta.completed_saves.items():
             entry = self.pinned_saves.get(job)
             if entry is None:
                 continue  # a job that pinned nothing
+            if (ent := saves.get(job)) is not None:
+                off = offsets.get(job, 0)  # a report without offsets confirms nothing
+                ent[2] = off if ent[2] is None else min(ent[2], off)
             ids, left = entry
             left -= count
             if left > 0:
@@ -560,6 +623,11 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
             if left < 0:
                 raise AssertionError(f"store job {job} reported by too many workers")
             del self.pinned_saves[job]
+            if ent is not None:
+                del saves[job]
+                t, life, off = ent
+                if t.life == life and job > t.confirmed[0]:
+                    t.confirmed = (job, off)
             if self._job_keys:
                 self._release_inflight(job)
             self.pool.free_blocks(self.pool.blocks[b] for b in reversed(ids))
@@ -589,8 +657,12 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
             return f"{pending} store job(s) still pending"
         return None
 
+    @property
+    def epoch(self) -> str:
+        """The current key epoch (jobs and loads are stamped with it)."""
+        return self.key_epoch.value
+
     def move_epoch(self, epoch: str) -> None:
-        """Move to a fresh key epoch: lookups and jobs built from now on use it."""
-        self.epoch = epoch
-        if self.lookup_client is not None:
-            self.lookup_client.epoch = epoch
+        """Move to a fresh key epoch: lookups and jobs built from now on use it (the lookup
+        client shares :attr:`key_epoch`)."""
+        self.key_epoch.value = epoch

@@ -22,7 +22,10 @@ a shared body would compare a function with itself. Pure arithmetic is shared in
   runs the boundary puts, then the normal save from this rank's saved offset; keys already
   stored are skipped; every job is reported done exactly once (``TailproofWorkerMeta``) however
   it ended, and only then does the scheduler drop its pins -- which is what keeps the blocks a
-  sender reads from being reused meanwhile. On a GPU the step records a CUDA event after its
+  sender reads from being reused meanwhile. Each report also carries the rank's saved offset
+  (``readable_pins``: the scheduler pins a later save only from there); a normal save whose
+  rank offset lies below the job's ``pin_floor`` reads nothing (``saves_below_pin_floor``).
+  On a GPU the step records a CUDA event after its
   forward and CoW copies; the sender's device-to-host copy waits for it on its own stream;
 * bytes: a save copies each block once, from the KV tensors into the store value
   (``Store.write_batch``: the memory store's own array, else pinned/registered staging that
@@ -129,6 +132,7 @@ class WorkerSide:
         self.stored_requests: dict[str, set[int]] = {}  # live store jobs per request
         self.finished_store_req: set[str] = set()  # finished requests whose jobs are still queued
         self.completed_saves: dict[int, int] = {}
+        self.saved_offsets: dict[int, int] = {}  # job -> its request's offset once it was over
         self.job_errors: dict[int, str] = {}  # job id -> exception class name (drained by run)
         self._events: dict[int, Any] = {}  # job id -> CUDA event after its step's forward
         self._enqueued_at: dict[int, float] = {}
@@ -435,6 +439,7 @@ class WorkerSide:
             if live is not None:
                 live.discard(jid)
             self.completed_saves[jid] = self.completed_saves.get(jid, 0) + 1
+            self.saved_offsets[jid] = self.saved_offset.get(job.req_id, 0)
             self._events.pop(jid, None)
             t0 = self._enqueued_at.pop(jid, None)
             active = self.gate.store_pressure_active
@@ -481,6 +486,11 @@ class WorkerSide:
         if not self._boundary_puts(job):
             return  # a failed boundary put also skips this job's normal save
         if token_len == 0:
+            return
+        if start < job.pin_floor:
+            # ``readable_pins``: the blocks below the job's pin floor may be reused already.
+            # Read nothing; the offset stays and this report makes the next job pin from it.
+            self.metrics.c.inc("saves_below_pin_floor")
             return
         items: list[tuple[int, int, bytes]] = []
         h = self.geo.hash_block_size
@@ -618,5 +628,6 @@ class WorkerSide:
             if not self.completed_saves:
                 return None
             out, self.completed_saves = self.completed_saves, {}
+            offs, self.saved_offsets = self.saved_offsets, {}
         self.metrics.c.set("queued_jobs", self.senders.pending if self.senders else 0)
-        return TailproofWorkerMeta(completed_saves=out)
+        return TailproofWorkerMeta(completed_saves=out, saved_offsets=offs)

@@ -264,6 +264,7 @@ class ImplConnector(ConnectorAdapter):
             save_decode_cache=self.conf["save_decode_cache"],
             **{k: self.conf.get(k, default) for k, (_, default) in EXTENSION_FIELDS.items()})
         self.byte_errors: list[str] = []
+        self.offsets: dict[int, int] = {}  # saved offsets taken with the completed saves
         self.job_tokens: dict[int, list[int]] = {}
         self.current_job: int | None = None
         # EXTENSION (docs/reuse.md): the last conn_step's snapshots, and those whose copies
@@ -472,11 +473,17 @@ class ImplConnector(ConnectorAdapter):
 
     def take_completed(self, w: int) -> dict[int, int]:
         meta = self.workers[w].build_connector_worker_meta()
-        return dict(meta.completed_saves) if meta else {}
+        if meta is None:
+            return {}
+        for j, off in meta.saved_offsets.items():  # the lowest per job (readable pins)
+            self.offsets[j] = min(off, self.offsets.get(j, off))
+        return dict(meta.completed_saves)
 
     def report(self, completed: dict[int, int]) -> list[int]:
         before = set(self.sched.pinned_saves)
-        self.sched.update_connector_output(TailproofWorkerMeta(completed_saves=dict(completed)))
+        offsets, self.offsets = self.offsets, {}
+        self.sched.update_connector_output(TailproofWorkerMeta(completed_saves=dict(completed),
+                                                               saved_offsets=offsets))
         return self._released(before, completed)
 
     # --- lookups and store -------------------------------------------------------------

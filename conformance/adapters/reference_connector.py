@@ -44,7 +44,9 @@ class ReferenceConnector(ConnectorAdapter):
         super().__init__(config)
         self.geo = StoreGeometry.from_config(config)
         self.cconf = ConnectorConfig.from_doc(self.conf)
-        self.sched = ConnectorScheduler(self.cconf, self.geo, _PoolById(core_backend.block_pool))
+        self.sched = ConnectorScheduler(self.cconf, self.geo, _PoolById(core_backend.block_pool),
+                                        num_blocks=config.num_blocks)
+        self.offsets: dict[int, int] = {}  # reported with the completed saves (readable pins)
         self.store = ScriptedStore()
         self.memos: dict[str, LookupMemo] = {}  # remembered lookups of waiting requests
         self.workers = [SendingWorker(r, self.geo, self.store)
@@ -118,10 +120,13 @@ class ReferenceConnector(ConnectorAdapter):
         return {**wk.state(), "queued": [j.store_job_id for j in wk.queue]}
 
     def take_completed(self, w: int) -> dict[int, int]:
+        for j, off in self.workers[w].take_saved_offsets().items():
+            self.offsets[j] = min(off, self.offsets.get(j, off))
         return self.workers[w].take_completed_saves()
 
     def report(self, completed: dict[int, int]) -> list[int]:
-        return self.sched.update_connector_output(completed)
+        offsets, self.offsets = self.offsets, {}
+        return self.sched.update_connector_output(completed, offsets)
 
     # --- lookups and store -------------------------------------------------------------
 

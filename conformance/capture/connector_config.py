@@ -10,10 +10,12 @@ from __future__ import annotations
 from typing import Any
 
 from tailproof.conformance.connector_ops import (
+    DEVIATION_SWITCHES,
     EXTENSION_FIELDS,
     extension_on,
     validate_connector_config,
 )
+from tailproof.impl.config import Settings
 
 # Connectors whose scheduler-side semantics the connector ops model (docs/connector-ops.md).
 MODELLED_CONNECTORS = ("MooncakeStoreConnector", "TailproofConnector")
@@ -63,6 +65,15 @@ def connector_config(vllm_config: Any, connector: Any = None) -> dict[str, Any] 
             cfg[key] = ran
         if extension_on(cfg):  # the connector's own default (Settings), not the traces'
             cfg.setdefault("checkpoint_lookup_wait", True)
+        # tailproof's pin rules: what the engine ran (Settings' defaults when not given),
+        # written only when on (off is a trace's default: vLLM 0.33's rule)
+        ran = getattr(connector, "settings", None)
+        for key in DEVIATION_SWITCHES:
+            val = extra[key] if key in extra else getattr(ran or Settings(), key)
+            if val is None or val is False:
+                cfg.pop(key, None)
+            else:
+                cfg[key] = float(val) if key == "pin_budget_fraction" else val
     try:
         return validate_connector_config(cfg)
     except ValueError as e:

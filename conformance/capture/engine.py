@@ -175,10 +175,13 @@ class CaptureEngine:
 
 
 def tailproof_connector_config() -> dict[str, Any]:
-    """``--kv-transfer-config`` of ``TailproofConnector`` on the in-process memory store."""
+    """``--kv-transfer-config`` of ``TailproofConnector`` on the in-process memory store, with
+    vLLM 0.33's pin rule (readable pins and the pin budget off), so that its captures replay
+    on ``vllm-mooncake`` too (which refuses tailproof's pin rules)."""
     return {"kv_connector": "TailproofConnector",
             "kv_connector_module_path": "tailproof.impl.connector", "kv_role": "kv_both",
-            "kv_connector_extra_config": {"store": "memory"},
+            "kv_connector_extra_config": {"store": "memory", "readable_pins": False,
+                                          "pin_budget_fraction": None},
             "kv_load_failure_policy": "recompute"}
 
 

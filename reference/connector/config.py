@@ -43,6 +43,10 @@ class ConnectorConfig:
     # Junction checkpoints (docs/junctions.md, "The extension"; not vLLM 0.33): off by default.
     junction_checkpoints: bool = False
     junction_index_blocks: int = 1 << 18
+    # Pins (DEVIATIONS in scheduler.py; not vLLM 0.33): off in traces unless given (impl's
+    # deployment defaults are True and 0.25).
+    readable_pins: bool = False
+    pin_budget_fraction: float | None = None
 
     @classmethod
     def from_doc(cls, doc: dict[str, Any] | None) -> ConnectorConfig:

@@ -47,6 +47,11 @@ class RequestTracker:
     has_pending_offload: bool = False
     prefill_end_tokens: int = 0
     partial_tail_sent: bool = False
+    # DEVIATION (readable pins, scheduler.py): (job id, offset) every rank reported reaching
+    # after that job of this life; ``life`` counts resets (a job of an earlier life never
+    # confirms anything).
+    confirmed: tuple[int, int] = (-1, 0)
+    life: int = 0
 
     def reset(self) -> None:
         """``RequestTracker.reset`` on preemption (MD:716-723): everything zeroed."""
@@ -56,6 +61,8 @@ class RequestTracker:
         self.has_pending_offload = False
         self.prefill_end_tokens = 0
         self.partial_tail_sent = False
+        self.confirmed = (-1, 0)
+        self.life += 1
 
     def update(self, new_block_ids: tuple[list[int], ...]) -> None:
         """Append-only mirror of new block ids (MD:725-741)."""
@@ -82,6 +89,7 @@ class ReqMeta:
     boundary_puts: list[BoundaryPut] = field(default_factory=list)
     completed_token_len: int | None = None
     publish_partial_tail: bool = False
+    pin_floor: int = 0  # DEVIATION (readable pins): a rank below it reads no normal save
 
 
 def from_request_tracker(

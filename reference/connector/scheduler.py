@@ -30,6 +30,29 @@ request allocated (``update_state_after_alloc``) since the last meta and reporte
 was preempted before that allocation, so its preemption retires only the older state (tracker,
 snapshot slots): the admission's load spec, entry and junction stop stand and the load is issued.
 
+DEVIATION, readable pins (``config.connector.readable_pins``; not vLLM 0.33, which keeps its
+rule above when off): vLLM pins every non-Mamba block of the table for each normal save, because
+a rank resumes from its own saved offset, which lags after a failed, pressure-skipped or
+queue-full put (MW:727-1045). That is up to the whole prompt twice a step (touch, then free at
+the report) for a long prefill. Here each rank's report also carries its saved offset once the
+job was over, and the job pins only ``[floor, token_len_chunk)`` of each non-Mamba table:
+``floor`` = the lowest offset all ranks reported after the latest fully reported earlier job of
+the request's tracker (its *life*: a preemption resets it, and a job of an earlier life never
+confirms anything), else 0, capped at ``token_ids_start``. Safe because, within a life, a rank's
+offset only grows and its jobs of one request run in order, so it resumes at or above ``floor``;
+and the job carries ``pin_floor`` = ``floor``: a rank whose offset is below it anyway (vLLM's
+request-id reuse, whose drained finish drops an offset mid-life) reads nothing for the normal
+save and reports its offset, so the next job pins from there (a miss, never an unpinned read).
+
+DEVIATION, pin budget (``config.connector.pin_budget_fraction``; not vLLM 0.33, whose pins are
+unbounded): a job whose pins would take the blocks held by other store jobs (counted per job)
+past ``fraction * (pool blocks - 1)`` gets no id and is not emitted (a future miss, as after a
+pressure skip: its range is saved by the request's next job, which pins from the ranks'
+offsets). What counts is the blocks still pinned when the step's meta began -- jobs of earlier
+steps, whose senders lag -- plus the job's own: while every job is reported before the next
+step nothing is skipped, however large a step's saves; pins stay within the budget plus one
+step's jobs.
+
 ``tailproof.impl.scheduler_side`` restates these rules independently on purpose: the corpus
 compares the two (and both with vLLM's own code), so neither imports the other.
 
@@ -61,6 +84,7 @@ from tailproof.reference.connector.turn_end import (
     TurnEnd,
     decode_boundary_puts,
 )
+from tailproof.spec.arithmetic import cdiv
 
 
 class RequestLike(Protocol):
@@ -101,7 +125,8 @@ Offloads = dict[str, list[tuple[int, int, int]]]  # rid -> [(group, block, bound
 
 
 class ConnectorScheduler:
-    def __init__(self, conf: ConnectorConfig, geo: StoreGeometry, pool: PinPool) -> None:
+    def __init__(self, conf: ConnectorConfig, geo: StoreGeometry, pool: PinPool,
+                 num_blocks: int | None = None) -> None:
         self.conf = conf
         self.geo = geo
         self.pool = pool
@@ -109,6 +134,12 @@ class ConnectorScheduler:
         self.next_store_job_id = 0
         # store_job_id -> (block ids, ranks yet to report)
         self.pinned_saves: dict[int, tuple[list[int], int]] = {}
+        # DEVIATION (readable pins): normal-save job -> [tracker, its life, lowest offset yet]
+        self.save_jobs: dict[int, list] = {}
+        self.earlier_pins = 0  # DEVIATION (pin budget): blocks pinned when the step began
+        frac = conf.pin_budget_fraction
+        self.pin_budget = (None if frac is None or num_blocks is None
+                           else max(1, int(frac * (num_blocks - 1))))
         self.load_specs: dict[str, LoadSpec] = {}
         self.request_trackers: dict[str, RequestTracker] = {}
         self.unfinished_requests: dict[str, tuple[RequestLike, tuple[list[int], ...]]] = {}
@@ -152,6 +183,7 @@ class ConnectorScheduler:
         """mirrors ``build_connector_meta`` (MS:304-525); returns the step's metadata rows."""
         conf, geo = self.conf, self.geo
         is_consumer = conf.is_consumer
+        self.earlier_pins = sum(len(pins) for pins, _ in self.pinned_saves.values())
         for rid in sorted(finished):
             self.turn_end.release(rid)  # EXTENSION: finish_turn normally did (then a no-op)
             self.junctions.forget(rid, finished=True)  # EXTENSION (junctions)
@@ -360,7 +392,9 @@ class ConnectorScheduler:
             job.boundary_puts = [*puts, *job.boundary_puts]
 
     def _reference_save_blocks(self, rows: list[ReqMeta]) -> None:
-        """mirrors ``_reference_save_blocks`` (MS:550-598): job ids and pins."""
+        """mirrors ``_reference_save_blocks`` (MS:550-598): job ids and pins (with the two
+        DEVIATIONS above when configured: readable pins, the pin budget)."""
+        skipped: list[ReqMeta] = []
         for job in rows:
             if not job.can_save:
                 continue
@@ -370,20 +404,52 @@ class ConnectorScheduler:
             tail = partial_tail_puts(self.geo, job)
             if tail:
                 job.boundary_puts = [*tail, *job.boundary_puts]
-            job.store_job_id = self.next_store_job_id
-            self.next_store_job_id += 1
             ids = [p.block_id for p in job.boundary_puts]
             assert NULL_BLOCK_ID not in ids, "A null block cannot back a boundary put"
+            t = None
             if job.token_len_chunk:
-                ids += [b for gid, table in enumerate(job.block_ids)
-                        if gid not in self.geo.mamba_group_ids for b in table
-                        if b != NULL_BLOCK_ID]
+                t = self.request_trackers.get(job.req_id) if self.conf.readable_pins else None
+                ids += [b for b in self._save_pins(job, t) if b != NULL_BLOCK_ID]
             ids = list(dict.fromkeys(ids))
+            if not self._within_budget(ids):
+                skipped.append(job)
+                continue
+            job.store_job_id = self.next_store_job_id
+            self.next_store_job_id += 1
             if not ids:
                 continue
-            self.pinned_saves[job.store_job_id] = (ids, self.num_workers)
-            self.pool.touch_ids(ids)
+            self._pin(job.store_job_id, ids)
+            if t is not None:
+                self.save_jobs[job.store_job_id] = [t, t.life, None]
             self._register_inflight(job)
+        for job in skipped:
+            rows.remove(job)
+
+    def _save_pins(self, job: ReqMeta, t: RequestTracker | None) -> list[int]:
+        """The non-Mamba blocks a normal save may read: the whole table (vLLM), or with
+        readable pins (``t`` given) ``[floor, token_len_chunk)`` (DEVIATION above)."""
+        mamba = self.geo.mamba_group_ids
+        if t is None:
+            return [b for gid, table in enumerate(job.block_ids) if gid not in mamba
+                    for b in table]
+        floor = min(job.token_ids_start, t.confirmed[1])
+        job.pin_floor = floor
+        return [b for gid, table in enumerate(job.block_ids) if gid not in mamba
+                for b in table[floor // self.geo.block_sizes[gid]:
+                               cdiv(job.token_len_chunk, self.geo.block_sizes[gid])]]
+
+    def _within_budget(self, ids: list[int]) -> bool:
+        """DEVIATION (pin budget): whether the blocks still pinned when this step's meta began
+        (earlier jobs, ``earlier_pins``) plus ``ids`` stay within ``pin_budget``; a job beyond
+        it is skipped (never gets an id)."""
+        held = self.earlier_pins
+        return self.pin_budget is None or not ids or not held or (
+            held + len(ids) <= self.pin_budget)
+
+    def _pin(self, job_id: int, ids: list[int]) -> None:
+        """``pool.touch`` of a job's distinct blocks, held until every rank reported."""
+        self.pinned_saves[job_id] = (ids, self.num_workers)
+        self.pool.touch_ids(ids)
 
     def _register_inflight(self, job: ReqMeta) -> None:
         """EXTENSION rule 7: a pinned job's Mamba keys are waited on until it is released."""
@@ -424,10 +490,11 @@ class ConnectorScheduler:
         job.boundary_puts = [*partial_tail_puts(self.geo, job), *mamba_puts]
         ids = list(dict.fromkeys(p.block_id for p in job.boundary_puts))
         assert request.request_id not in self.finished_partial_tails
+        if not self._within_budget(ids):
+            return None  # DEVIATION (pin budget): the tail is not stored
         job.store_job_id = self.next_store_job_id
         self.next_store_job_id += 1
-        self.pinned_saves[job.store_job_id] = (ids, self.num_workers)
-        self.pool.touch_ids(ids)
+        self._pin(job.store_job_id, ids)
         self._register_inflight(job)
         self.finished_partial_tails[request.request_id] = job
         t.has_pending_offload = True
@@ -464,13 +531,20 @@ class ConnectorScheduler:
 
     # --- completion --------------------------------------------------------------------
 
-    def update_connector_output(self, completed_saves: dict[int, int]) -> list[int]:
-        """mirrors ``update_connector_output`` (MS:729-751); returns the released job ids."""
+    def update_connector_output(self, completed_saves: dict[int, int],
+                                saved_offsets: dict[int, int] | None = None) -> list[int]:
+        """mirrors ``update_connector_output`` (MS:729-751); returns the released job ids.
+        ``saved_offsets`` (DEVIATION, readable pins): per job, the lowest offset of its request
+        on the reporting ranks once it was over (absent: 0, confirms nothing)."""
         released = []
+        offsets = saved_offsets or {}
         for job_id, count in completed_saves.items():
             entry = self.pinned_saves.get(job_id)
             if entry is None:
                 continue  # the job pinned nothing
+            if (ent := self.save_jobs.get(job_id)) is not None:
+                off = offsets.get(job_id, 0)
+                ent[2] = off if ent[2] is None else min(ent[2], off)
             ids, remaining = entry
             remaining -= count
             if remaining > 0:
@@ -478,6 +552,11 @@ class ConnectorScheduler:
                 continue
             assert remaining == 0, f"store job {job_id} reported by too many ranks"
             del self.pinned_saves[job_id]
+            if ent is not None:  # DEVIATION (readable pins): the ranks' offsets confirmed
+                del self.save_jobs[job_id]
+                t, life, off = ent
+                if t.life == life and job_id > t.confirmed[0]:
+                    t.confirmed = (job_id, off)
             if self.inflight is not None:
                 self.inflight.release(job_id)  # EXTENSION rule 7
             self.pool.free_ids(list(reversed(ids)))

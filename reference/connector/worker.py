@@ -13,7 +13,9 @@ Mirrors ``KVCacheStoreSendingThread`` (MW:397-1045) and the ledger retirement of
    ``store_mask`` keeps (no Mamba chunk; of a sliding window only the blocks a hit at an lcm
    boundary can use, ``masks.store_mask``), null or missing sources skipped, each chunk keyed
    by its block-end hash; the offset advances only on full success of a live job, which also
-   clears the gate; -200 marks pressure.
+   clears the gate; -200 marks pressure. DEVIATION (readable pins, ``scheduler.py``): a rank
+   whose offset lies below the job's ``pin_floor`` saves nothing (the blocks below it are not
+   pinned), and every report carries the rank's offset once the job was over.
 
 Every path reports the job exactly once (the single ``finally``), so the scheduler can release
 its pins: skipped, failed and not-live jobs included.
@@ -45,6 +47,8 @@ class SendingWorker:
         self.store = store
         self.stored_requests: dict[str, set[int]] = {}  # live job ids per request
         self.completed_saves: dict[int, int] = {}  # drained by reports
+        # DEVIATION (readable pins, scheduler.py): job -> its request's offset once it was over
+        self.saved_offsets: dict[int, int] = {}
         self.store_pressure_active = False
         self.skip_store_requests: set[str] = set()
         self.saved_offset: dict[str, int] = {}  # per-request resume point of the normal save
@@ -81,6 +85,11 @@ class SendingWorker:
 
     def take_completed_saves(self) -> dict[int, int]:
         out, self.completed_saves = self.completed_saves, {}
+        return out
+
+    def take_saved_offsets(self) -> dict[int, int]:
+        """DEVIATION (readable pins): the offsets reported with the last completed saves."""
+        out, self.saved_offsets = self.saved_offsets, {}
         return out
 
     # --- pressure gate (MW:548-569) -----------------------------------------------------
@@ -121,6 +130,7 @@ class SendingWorker:
             jid = job.store_job_id
             assert jid is not None
             self.completed_saves[jid] = self.completed_saves.get(jid, 0) + 1
+            self.saved_offsets[jid] = self.saved_offset.get(job.req_id, 0)
 
     def _handle_request(self, job: ReqMeta) -> None:
         geo = self.geo
@@ -186,6 +196,8 @@ class SendingWorker:
         with ``chunk_mask``): chunk ``first + i`` is written only where ``mask[i]``."""
         geo = self.geo
         start = self.saved_offset.get(job.req_id, 0)
+        if start < job.pin_floor:
+            return  # DEVIATION (readable pins): below the pins; the offset stays
         keys: list[Key] = []
         tags: list[Tag] = []
         assert token_len // geo.hash_block_size <= len(job.block_hashes)

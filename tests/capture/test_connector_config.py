@@ -33,9 +33,19 @@ def test_no_connector_gives_none() -> None:
 def test_engine_defaults(name: str) -> None:
     # MooncakeStoreScheduler.__init__: load_async True, enable_lookup True, no decode saves.
     cfg = connector_config(_vllm_config(name))
+    pins = ({"readable_pins": True, "pin_budget_fraction": 0.25}
+            if name == "TailproofConnector" else {})  # tailproof's pin rules: what ran
     assert cfg == {"role": "both", "num_workers": 1, "save_decode_cache": False,
-                   "enable_lookup": True, "load_async": True}
+                   "enable_lookup": True, "load_async": True, **pins}
     assert validate_connector_config(cfg) == cfg
+
+
+def test_tailproof_pin_rules_as_given() -> None:
+    cfg = connector_config(_vllm_config(
+        extra={"readable_pins": False, "pin_budget_fraction": None}))
+    assert "pin_budget_fraction" not in cfg and "readable_pins" not in cfg
+    cfg = connector_config(_vllm_config(extra={"pin_budget_fraction": 1}))
+    assert cfg["pin_budget_fraction"] == 1.0 and cfg["readable_pins"] is True
 
 
 def test_roles_ranks_and_extra_keys_follow_the_engine() -> None:
@@ -44,7 +54,8 @@ def test_roles_ranks_and_extra_keys_follow_the_engine() -> None:
         extra={"save_decode_cache": True, "enable_lookup": False, "load_async": False,
                "store": "memory"}))
     assert cfg == {"role": "consumer", "num_workers": 2, "save_decode_cache": True,
-                   "enable_lookup": False, "load_async": False}
+                   "enable_lookup": False, "load_async": False, "readable_pins": True,
+                   "pin_budget_fraction": 0.25}
     assert connector_config(_vllm_config(role="kv_producer"))["role"] == "producer"
 
 
@@ -79,6 +90,6 @@ def test_recorder_on_a_connector_engine_names_what_it_leaves_out(tmp_path: Path)
     assert doc["provenance"]["connector"] == "TailproofConnector"
     assert doc["provenance"]["connector_config"] == {
         "role": "both", "num_workers": 1, "save_decode_cache": False, "enable_lookup": True,
-        "load_async": True}
+        "load_async": True, "readable_pins": True, "pin_budget_fraction": 0.25}
     assert rec.unmodelled == {
         "KV connector calls and worker outcomes (TailproofConnector): not recorded": 1}

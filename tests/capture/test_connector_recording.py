@@ -25,7 +25,10 @@ pytestmark = pytest.mark.vllm
 
 
 def _record(path: Path, num_workers: int, refusals: bool = False) -> Recorder:
-    e = Engine(num_blocks=128, num_workers=num_workers)
+    # vLLM 0.33's pin rule (tailproof's readable pins and pin budget off), so that
+    # vllm-mooncake replays the trace too (it refuses tailproof's pin rules)
+    e = Engine({"store": "memory", "readable_pins": False, "pin_budget_fraction": None},
+               num_blocks=128, num_workers=num_workers)
     # Not modelled by the trace format (docs/triage.md): the admission gate and deferred
     # frees (engine_sim's config has several batches in flight).
     e.sched.scheduler_reserve_full_isl = False

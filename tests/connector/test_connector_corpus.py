@@ -38,20 +38,37 @@ def test_connector_corpus_replays_without_divergence(capsys: pytest.CaptureFixtu
     # both vLLM adapters refuse the extension's cases, saying why
     assert set(out["skipped_ops"]) == {"vllm", "vllm-mooncake"}
     for name, s in out["skipped_ops"]["vllm"].items():
-        if name in _extension_cases():
+        if name in _extension_cases() | _pin_rule_cases():
             assert any(k in s["refused"] for k in (
-                "turn_end_checkpoints", "decode_boundary", "junction_checkpoints")), s
+                "turn_end_checkpoints", "decode_boundary", "junction_checkpoints",
+                "readable_pins", "pin_budget_fraction")), s
             continue
         assert set(s["unsupported_ops"]) <= set(CONNECTOR_OP_SPECS) and s["unsupported_ops"]
         assert s["unobserved_ops"] > 0 and "refused" not in s
     refused = out["skipped_ops"]["vllm-mooncake"]
-    assert set(refused) == set(_extension_cases())
+    assert set(refused) == _extension_cases() | _pin_rule_cases()
     assert all("not in vLLM 0.33" in s["refused"] for s in refused.values())
 
 
 def _extension_cases() -> set[str]:
     """The turn-end checkpoint extension's cases (``tests/connector/cases_reuse.py``)."""
     return {p.stem for p in corpus_paths() if p.name.startswith("conn_x")}
+
+
+def _pin_rule_cases() -> set[str]:
+    """tailproof's pin rules' cases (``tests/connector/cases_pins.py``): not in vLLM 0.33."""
+    return {p.stem for p in corpus_paths() if p.name.startswith("conn_rp")}
+
+
+def test_pin_rule_cases_replay_on_reference_and_impl_strict(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    cases = sorted(str(p) for p in corpus_paths() if p.stem in _pin_rule_cases())
+    assert len(cases) >= 4
+    rc = main(["replay", *cases, "--against", "reference,impl", "--strict-ids", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert out["divergences"] == [], out["divergences"][:1]
+    assert out["skipped_ops"] == {}
+    assert rc == 0
 
 
 def test_extension_cases_replay_on_reference_and_impl_strict(
