@@ -39,7 +39,7 @@ def _config(address: str, **overrides: Any) -> dict[str, Any]:
 
 @pytest.fixture
 def master() -> Iterator[Any]:
-    from tailproof.conformance.local_master import LocalMaster
+    from tailproof.conformance.harness.local_master import LocalMaster
     from tailproof.impl.stores.mooncake import unavailable_reason
 
     reason = unavailable_reason()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tailproof.conformance.connector_ops import (
+from tailproof.conformance.harness.connector_adapter import (
     EXTENSION_FIELDS,
     extension_on,
     validate_connector_config,

@@ -48,7 +48,7 @@ from typing import Any
 
 from tailproof.conformance.capture.op_builder import OpBuilder
 from tailproof.conformance.capture.writer import BackgroundWriter, TraceWriter
-from tailproof.conformance.trace import FORMAT_TAG
+from tailproof.conformance.format.trace import FORMAT_TAG
 
 RECORDER_VERSION = "tailproof-recorder/2"
 #: ops queued on the step path before they are handed to the writer thread (at a step end)

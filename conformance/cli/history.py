@@ -16,10 +16,10 @@ import sys
 import time
 from typing import Any
 
-from tailproof.conformance.errors import DIVERGED, OK, UsageError
-from tailproof.conformance.history import findings as hf
-from tailproof.conformance.history.bugs import BUGS, FIXED, PRESENT, Bug, by_ref
-from tailproof.conformance.history.verify import case_ops, case_path, verify_bug
+from tailproof.conformance.harness.errors import DIVERGED, OK, UsageError
+from tailproof.conformance.tools.history import findings as hf
+from tailproof.conformance.tools.history.bugs import BUGS, FIXED, PRESENT, Bug, by_ref
+from tailproof.conformance.tools.history.verify import case_ops, case_path, verify_bug
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -37,8 +37,8 @@ def _finding_shown(bug: Bug) -> dict[str, Any] | None:
     if bug.finding in hf.STATIC_DETECTORS:
         found = hf.static_findings()
     else:
-        from tailproof.conformance.replay import run_trace
-        from tailproof.conformance.trace import load_trace
+        from tailproof.conformance.format.trace import load_trace
+        from tailproof.conformance.harness.replay import run_trace
 
         assert bug.case, f"{bug.ref}: a trace finding needs its case"
         trace = load_trace(case_path(bug.case))
@@ -118,7 +118,7 @@ def cmd_history(args: argparse.Namespace) -> int:
     out = sys.stderr if args.json else sys.stdout
     print(format_table(rows), file=out)
     if args.json:
-        from tailproof.conformance import report, vllm_compat
+        from tailproof.conformance.harness import report, vllm_compat
 
         print(json.dumps(report.command_document(
             "history", vllm=vllm_compat.inspect_vllm(["vllm-mooncake"]).as_json(),

@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from tailproof import __version__
-from tailproof.conformance import vllm_compat
-from tailproof.conformance.adapters import ADAPTERS, AdapterUnavailable, available
-from tailproof.conformance.errors import DIVERGED, OK, USAGE, UsageError
-from tailproof.conformance.replay import CaseResult, format_divergence, run_trace
-from tailproof.conformance.trace import Trace, TraceError, load_trace
+from tailproof.conformance.format.trace import Trace, TraceError, load_trace
+from tailproof.conformance.harness import vllm_compat
+from tailproof.conformance.harness.adapters import ADAPTERS, AdapterUnavailable, available
+from tailproof.conformance.harness.errors import DIVERGED, OK, USAGE, UsageError
+from tailproof.conformance.harness.replay import CaseResult, format_divergence, run_trace
 
-CASES_DIR = Path(__file__).resolve().parent / "cases"
+CASES_DIR = Path(__file__).resolve().parents[1] / "cases"
 #: exit status of a failure inside tailproof itself (a bug, never a user error)
 INTERNAL = 3
 
@@ -130,7 +130,7 @@ def _signals_unwind() -> Iterator[None]:
 def _warn_wildcard_listeners() -> None:
     """``--mooncake-master``: the run joins a master it did not start, so it stays in the
     host's network namespace, where its Mooncake clients' listeners are wildcard (netns.py)."""
-    from tailproof.conformance.netns import loopback_only
+    from tailproof.conformance.harness.netns import loopback_only
 
     if loopback_only():  # already in a namespace with only lo: nothing else to reach them
         return
@@ -143,7 +143,7 @@ def _warn_wildcard_listeners() -> None:
 def _isolate_network() -> None:
     """Mooncake clients listen on every interface whatever they are told: a run that starts
     its own master moves into a private loopback-only network namespace first (root only)."""
-    from tailproof.conformance.netns import enter_loopback_namespace
+    from tailproof.conformance.harness.netns import enter_loopback_namespace
 
     why = enter_loopback_namespace()
     if why is not None:
@@ -158,7 +158,7 @@ def _impl_options(args: argparse.Namespace, adapters: list[str],
     (stopped by PID when ``stack`` closes)."""
     if "impl" not in adapters or (args.store is None and args.device is None):
         return {}
-    from tailproof.conformance.adapters import impl as impl_adapter
+    from tailproof.conformance.harness.adapters import impl as impl_adapter
 
     options: dict[str, Any] = {}
     if args.device is not None:
@@ -174,7 +174,7 @@ def _impl_options(args: argparse.Namespace, adapters: list[str],
         if address:
             _warn_wildcard_listeners()
         else:
-            from tailproof.conformance.local_master import LocalMaster
+            from tailproof.conformance.harness.local_master import LocalMaster
 
             _isolate_network()
             stack.enter_context(_signals_unwind())
@@ -248,7 +248,7 @@ def _finish(args: argparse.Namespace, command: str, info: vllm_compat.VllmInfo,
             results: list[CaseResult], seconds: float, proofs: dict[str, Any],
             findings: list[dict[str, Any]], t_start: float,
             mutation: dict[str, Any] | None = None) -> int:
-    from tailproof.conformance import report
+    from tailproof.conformance.harness import report
 
     conformance = report.conformance_part(results, seconds)
     rc = DIVERGED if conformance["divergences"] or proofs["status"] == "failed" else OK
@@ -301,7 +301,7 @@ def _check(args: argparse.Namespace, t_start: float, run: Any) -> int:
     n_div = sum(len(r.divergences) for r in results)
     print(f"conformance: {len(results)} cases, {sum(len(t.ops) for t in traces)} ops, "
           f"{n_div} divergences, {seconds:.1f}s", file=out)
-    from tailproof.conformance import report
+    from tailproof.conformance.harness import report
 
     proofs = report.proofs_part(None, "--no-prove", False)
     findings: list[dict[str, Any]] = []
@@ -324,8 +324,8 @@ def _check(args: argparse.Namespace, t_start: float, run: Any) -> int:
 def _history_findings(results: list[CaseResult], out: TextIO,
                       static: bool) -> list[dict[str, Any]]:
     """The open upstream bugs the replayed cases (and, for ``check``, the installed vLLM)
-    exhibit: findings, never failures (``conformance/history/findings.py``)."""
-    from tailproof.conformance.history import findings as history
+    exhibit: findings, never failures (``conformance/tools/history/findings.py``)."""
+    from tailproof.conformance.tools.history import findings as history
 
     found = history.trace_findings(results) + (history.static_findings() if static else [])
     history.print_findings(found, out)
@@ -335,8 +335,8 @@ def _history_findings(results: list[CaseResult], out: TextIO,
 def _check_mutation(out: TextIO) -> dict[str, Any]:
     """``check --mutate``: the whole vLLM mutant catalog under the corpus and the generators'
     default budget; the score becomes the report's ``mutation`` part."""
-    from tailproof.conformance.mutate.cli import add_arguments, run_from_args
-    from tailproof.conformance.mutate.run import format_report
+    from tailproof.conformance.cli.mutate import add_arguments, run_from_args
+    from tailproof.conformance.tools.mutate.run import format_report
 
     p = argparse.ArgumentParser()
     add_arguments(p)
@@ -372,8 +372,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     _check_junit(args)
     traces = load_all(args.traces)
     results, seconds = _conformance(args, traces, adapters, args.strict_ids, progress=False)
-    from tailproof.conformance.show import check_expect_keys, format_show, parse_range
-    from tailproof.conformance.step_protocol import check_replayed
+    from tailproof.conformance.format.step_protocol import check_replayed
+    from tailproof.conformance.tools.show import check_expect_keys, format_show, parse_range
 
     for r in results:
         check_expect_keys(r)
@@ -388,7 +388,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     print(f"{len(results)} cases, {sum(len(t.ops) for t in traces)} ops, {n_div} divergences, "
           f"{seconds:.1f}s ({', '.join(adapters)}{', strict ids' if args.strict_ids else ''}; "
           f"{_vllm_line(info)})", file=out)
-    from tailproof.conformance import report
+    from tailproof.conformance.harness import report
 
     proofs = report.proofs_part(None, "replay runs no proofs", False)
     return _finish(args, "replay", info, adapters, not_run, args.strict_ids, results, seconds,
@@ -467,7 +467,11 @@ def register_record(sub: Any) -> None:
 def cmd_capture(args: argparse.Namespace) -> int:
     """Run a named workload on vLLM's real Scheduler (CPU) with the recorder attached."""
     t_start = time.perf_counter()
-    from tailproof.conformance.capture.run import CaptureError, capture, check_arguments
+    from tailproof.conformance.tools.capture_engine.run import (
+        CaptureError,
+        capture,
+        check_arguments,
+    )
 
     if args.max_bytes is not None and args.max_bytes <= 0:
         raise UsageError(f"--max-bytes must be > 0, got {args.max_bytes}",
@@ -493,7 +497,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
     print(f"captured {args.workload}: {res.ops} ops, {res.steps} engine steps -> "
           f"{res.path}{extra}", file=out)
     if args.json:
-        from tailproof.conformance import report
+        from tailproof.conformance.harness import report
 
         print(json.dumps(report.command_document(
             "capture", vllm=info.as_json(), result="captured", exit_code=OK,
@@ -505,7 +509,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
 
 
 def register_capture(sub: Any) -> None:
-    from tailproof.conformance.capture.workloads import GEOMETRIES, WORKLOADS
+    from tailproof.conformance.tools.capture_engine.workloads import GEOMETRIES, WORKLOADS
 
     cap = _sub(sub, "capture", "run a named workload on vLLM 0.33's real Scheduler (CPU, "
                "weightless model) and record it as a trace", cmd_capture)
@@ -537,7 +541,7 @@ def cmd_shrink(args: argparse.Namespace) -> int:
     """Delta-debug a diverging trace down to a small one with the same divergence."""
     t_start = time.perf_counter()
     from tailproof.conformance.capture.writer import write_trace
-    from tailproof.conformance.shrink import shrink
+    from tailproof.conformance.tools.shrink import shrink
 
     wanted = parse_adapters(args.against, "--against")
     info = vllm_compat.inspect_vllm(wanted)
@@ -559,7 +563,7 @@ def cmd_shrink(args: argparse.Namespace) -> int:
     elif not args.json:
         sys.stdout.write(json.dumps(res.doc, indent=1) + "\n")
     if args.json:
-        from tailproof.conformance import report
+        from tailproof.conformance.harness import report
 
         print(json.dumps(report.command_document(
             "shrink", vllm=info.as_json(), result="shrunk", exit_code=OK,
@@ -614,7 +618,7 @@ def cmd_prove(args: argparse.Namespace) -> int:
         raise UsageError(f"--export: {args.export} is not a directory", "create it first")
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs: {args.jobs} is not a number of processes", "--jobs 2")
-    from tailproof.conformance.prove_cli import main as prove_main
+    from tailproof.conformance.cli.prove import main as prove_main
 
     argv = (["--json"] if args.json else []) + (["--quick"] if args.quick else [])
     argv += ["--export", str(args.export)] if args.export is not None else []
@@ -637,13 +641,13 @@ def register_prove(sub: Any) -> None:
 
 
 def cmd_mutate(args: argparse.Namespace) -> int:
-    from tailproof.conformance.mutate.cli import cmd_mutate as run_mutate
+    from tailproof.conformance.cli.mutate import cmd_mutate as run_mutate
 
     return run_mutate(args)
 
 
 def register_mutate(sub: Any) -> None:
-    from tailproof.conformance.mutate.cli import add_arguments
+    from tailproof.conformance.cli.mutate import add_arguments
 
     mu = _sub(sub, "mutate", "score the suite against mutants of vLLM 0.33's own partial-tail "
               "code (corpus plus the generators' fixed budget)", cmd_mutate)
@@ -652,7 +656,7 @@ def register_mutate(sub: Any) -> None:
 
 
 def register_history(sub: Any) -> None:
-    from tailproof.conformance.history.cli import add_arguments, cmd_history
+    from tailproof.conformance.cli.history import add_arguments, cmd_history
 
     add_arguments(_sub(sub, "history", "list every upstream bug of the partial-tail path: its "
                        "status in vLLM 0.33, the case or finding that covers it, the mutant "
@@ -660,7 +664,7 @@ def register_history(sub: Any) -> None:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from tailproof.conformance import doctor
+    from tailproof.conformance.tools import doctor
 
     if args.json:
         print(json.dumps(doctor.report(), indent=2))
@@ -676,7 +680,7 @@ def register_doctor(sub: Any) -> None:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    from tailproof.conformance import stats
+    from tailproof.conformance.tools import stats
 
     if args.timeout <= 0:
         raise UsageError(f"--timeout must be > 0, got {args.timeout}", "pass seconds, e.g. 5")
@@ -809,7 +813,7 @@ def _error_line(e: BaseException) -> tuple[str, str | None]:
         return str(e), "correct the trace (docs/trace-format.md)"
     if isinstance(e, AdapterUnavailable):
         return f"adapter not available: {e}", "./scripts/bootstrap.sh"
-    from tailproof.conformance.environment import classify
+    from tailproof.conformance.harness.environment import classify
 
     return classify(e)
 

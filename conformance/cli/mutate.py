@@ -7,8 +7,8 @@ import json
 import sys
 from typing import Any
 
-from tailproof.conformance.errors import DIVERGED, OK, UsageError
-from tailproof.conformance.mutate.catalog import MUTANTS, module_label
+from tailproof.conformance.harness.errors import DIVERGED, OK, UsageError
+from tailproof.conformance.tools.mutate.catalog import MUTANTS, module_label
 
 #: The generators' fixed budget: traces drawn (derandomized) per generator.
 DEFAULT_GENERATED_CORE = 120
@@ -54,9 +54,9 @@ def _progress(i: int, n: int, r: Any) -> None:
 
 def run_from_args(args: argparse.Namespace, quiet: bool = False) -> Any:
     """Build the workload and run the selected mutants; returns the ``Report``."""
-    from tailproof.conformance.cli import corpus_paths
-    from tailproof.conformance.mutate.run import run_mutants, select
-    from tailproof.conformance.mutate.workload import build_workload
+    from tailproof.conformance.cli.main import corpus_paths
+    from tailproof.conformance.tools.mutate.run import run_mutants, select
+    from tailproof.conformance.tools.mutate.workload import build_workload
 
     chosen = select(args.module, args.sample, args.mutant)
     workload = build_workload(corpus_paths(), args.generated, args.generated_connector,
@@ -90,7 +90,7 @@ def _check_args(args: argparse.Namespace) -> None:
 def _cmd_extension(args: argparse.Namespace) -> int:
     """``--extension``: each impl mutant of the extension, applied in this process, against
     the extension cases; exit 1 when one survives."""
-    from tailproof.conformance.mutate import impl_extension as ext
+    from tailproof.conformance.tools.mutate import impl_extension as ext
 
     chosen = [m for m in ext.MUTANTS if not args.mutant or m.id in args.mutant]
     if not chosen:
@@ -111,7 +111,7 @@ def _cmd_extension(args: argparse.Namespace) -> int:
 
 
 def cmd_mutate(args: argparse.Namespace) -> int:
-    from tailproof.conformance.mutate.run import format_report, select
+    from tailproof.conformance.tools.mutate.run import format_report, select
 
     _check_args(args)
     if args.extension:

@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from tailproof.conformance.spec_export import writer
+from tailproof.conformance.tools.spec_export import writer
 from tailproof.spec import prove
 
 

@@ -2,7 +2,7 @@
 
 The loader validates every op against these specs (one-line errors naming the op index and
 field); the driver reads the normalised values. Connector ops are merged in from
-``conformance/connector_ops.py`` so the format grows without a break.
+``conformance/harness/connector_adapter.py`` so the format grows without a break.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ POS = "pos"  # int >= 1
 NAT_OR_NULL = "nat_or_null"
 NAT_OR_PLAN = "nat_or_plan"  # int >= 0 or the string "plan"
 BOOL = "bool"
-TOKENS = "tokens"  # compact token list (conformance/tokens.py)
+TOKENS = "tokens"  # compact token list (conformance/format/tokens.py)
 IDS = "ids"  # list of block ids
 KEYS = "keys"  # list of [group, boundary]
 ANY = "any"  # free-form JSON (validated by the op's owner)
@@ -67,6 +67,6 @@ CORE_OPS: dict[str, dict[str, Field]] = {
 def all_op_specs() -> dict[str, dict[str, Field]]:
     """Core ops plus the connector ops (``connector_ops.py``, imported here: it imports this
     module)."""
-    from tailproof.conformance.connector_ops import CONNECTOR_OP_SPECS
+    from tailproof.conformance.harness.connector_adapter import CONNECTOR_OP_SPECS
 
     return {**CORE_OPS, **CONNECTOR_OP_SPECS}

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tailproof.conformance.observations import OBSERVES
+from tailproof.conformance.format.observations import OBSERVES
 
 
 class ProtocolError(ValueError):
@@ -134,7 +134,7 @@ def observed_problem(ops: list[dict[str, Any]],
 def check_replayed(result: Any) -> None:
     """``replay``: refuse (TraceError, exit 2) a trace whose run broke the step protocol once
     its allocations' outcomes were known, instead of reporting the divergence it causes."""
-    from tailproof.conformance.trace import TraceError  # import cycle
+    from tailproof.conformance.format.trace import TraceError  # import cycle
 
     for a in result.adapters:
         if a in result.refused:

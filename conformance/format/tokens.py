@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tailproof.conformance.limits import MAX_TOKENS_PER_LIST, TOKEN_ID_LIMIT
+from tailproof.conformance.format.limits import MAX_TOKENS_PER_LIST, TOKEN_ID_LIMIT
 
 
 class TokenError(ValueError):

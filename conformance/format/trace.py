@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tailproof.conformance import limits
-from tailproof.conformance import ops as opspec
-from tailproof.conformance.tokens import TokenError, expand
-from tailproof.conformance.trace_checks import CheckError, check_config, check_ops
-from tailproof.conformance.trace_file import ReadRefused, read_trace_bytes
+from tailproof.conformance.format import limits
+from tailproof.conformance.format import ops as opspec
+from tailproof.conformance.format.tokens import TokenError, expand
+from tailproof.conformance.format.trace_checks import CheckError, check_config, check_ops
+from tailproof.conformance.format.trace_file import ReadRefused, read_trace_bytes
 from tailproof.spec.arithmetic import lcm_all
 
 FORMAT_TAG = "tailproof-trace/1"
@@ -230,7 +230,9 @@ def _check_extension(connector: dict[str, Any], groups: list[GroupConfig], use_e
 def _validate_connector(doc: Any, source: str) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise _err(source, "config.connector", "must be an object")
-    from tailproof.conformance.connector_ops import validate_connector_config  # import cycle
+    from tailproof.conformance.harness.connector_adapter import (  # import cycle
+        validate_connector_config,
+    )
 
     try:
         return validate_connector_config(doc)

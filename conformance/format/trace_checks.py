@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from tailproof.conformance import limits as L
-from tailproof.conformance import ops as opspec
-from tailproof.conformance.compare import Renamer
-from tailproof.conformance.step_protocol import ProtocolError, StepProtocol
+from tailproof.conformance.format import limits as L
+from tailproof.conformance.format import ops as opspec
+from tailproof.conformance.format.compare import Renamer
+from tailproof.conformance.format.step_protocol import ProtocolError, StepProtocol
 
 
 class CheckError(ValueError):

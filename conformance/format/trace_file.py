@@ -21,7 +21,7 @@ import stat
 import time
 from pathlib import Path
 
-from tailproof.conformance import limits
+from tailproof.conformance.format import limits
 
 _CHUNK = 1 << 16
 #: longest wait of one poll of a pipe between probes for a writer that has gone

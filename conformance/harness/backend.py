@@ -1,7 +1,7 @@
 """The narrow interface the trace driver needs from an implementation of vLLM's core.
 
 Both the reference model and vLLM 0.33's real ``KVCacheManager`` are wrapped in a
-``CoreBackend``; the driver (``conformance/driver.py``) turns trace ops into calls on it and
+``CoreBackend``; the driver (``conformance/harness/driver.py``) turns trace ops into calls on it and
 builds every observation the same way, so adapters cannot disagree on formatting.
 All block references are plain ints (block ids; 0 is the null block).
 """

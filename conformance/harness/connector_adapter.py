@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tailproof.conformance.ops import ANY, KEYS, NAT, NAT_OR_NULL, RID, Field
+from tailproof.conformance.format.ops import ANY, KEYS, NAT, NAT_OR_NULL, RID, Field
 from tailproof.reference.connector.config import ConnectorConfig
 from tailproof.reference.connector.lookup import arbitrate
 
 if TYPE_CHECKING:
-    from tailproof.conformance.driver import CoreDriver
+    from tailproof.conformance.harness.driver import CoreDriver
 
 CONNECTOR_OP_SPECS: dict[str, dict[str, Field]] = {
     # build_connector_meta: the step's scheduled requests and hand-offs -> store jobs

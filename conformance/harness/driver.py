@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from tailproof.conformance.backend import CoreBackend
-from tailproof.conformance.ops import CORE_OPS
-from tailproof.conformance.trace import TraceConfig
+from tailproof.conformance.format.ops import CORE_OPS
+from tailproof.conformance.format.trace import TraceConfig
+from tailproof.conformance.harness.backend import CoreBackend
 
 Observation = dict[str, Any]
 

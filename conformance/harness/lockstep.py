@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from tailproof.conformance.adapters import make_driver
-from tailproof.conformance.backend import RequestView
-from tailproof.conformance.compare import Renamer
-from tailproof.conformance.driver import CoreDriver
-from tailproof.conformance.trace import FORMAT_TAG, OpReader, parse_trace
+from tailproof.conformance.format.compare import Renamer
+from tailproof.conformance.format.trace import FORMAT_TAG, OpReader, parse_trace
+from tailproof.conformance.harness.adapters import make_driver
+from tailproof.conformance.harness.backend import RequestView
+from tailproof.conformance.harness.driver import CoreDriver
 
 Op = dict[str, Any]
 Observation = dict[str, Any]

@@ -1,8 +1,8 @@
 """Refinement: an implementation of the core backend interface against the spec's invariants.
 
-``RefinementMachine`` drives a ``CoreBackend`` (``conformance/backend.py``; the reference model
-by default, vLLM 0.33's ``KVCacheManager`` through ``VllmCoreBackend`` in the ``vllm`` test) with
-random scheduler-shaped op sequences -- steps of lookups/allocations/commits, drains, retention
+``RefinementMachine`` drives a ``CoreBackend`` (``conformance/harness/backend.py``; the reference
+model by default, vLLM 0.33's ``KVCacheManager`` through ``VllmCoreBackend`` in the ``vllm`` test)
+with random scheduler-shaped op sequences -- steps of lookups/allocations/commits, drains, retention
 releases, finishes, preemptions, evictions and resets -- and after each op maps the
 implementation's observable state (refcounts, free queue, keys, tables, held retentions, the last
 lookup/drain/reset) to a spec :class:`~tailproof.spec.model.State` and checks the spec
@@ -21,8 +21,8 @@ from hypothesis import note
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from tailproof.conformance.adapters.reference_core import ReferenceCoreBackend
-from tailproof.conformance.trace import GroupConfig, TraceConfig
+from tailproof.conformance.format.trace import GroupConfig, TraceConfig
+from tailproof.conformance.harness.adapters.reference_core import ReferenceCoreBackend
 from tailproof.spec import invariants as inv
 from tailproof.spec.machines import BASE, GEOMETRIES
 from tailproof.spec.model import FA, MAMBA, Config, Hit, Req, State, initial
@@ -33,7 +33,7 @@ REFINED = ("I1", "I2", "I3", "I4", "I9", "I10", "I12", "I19")
 
 def vllm_core(config: TraceConfig) -> Any:
     """vLLM 0.33's ``KVCacheManager`` behind the core interface (vLLM imported only here)."""
-    from tailproof.conformance.adapters.vllm_core import VllmCoreBackend
+    from tailproof.conformance.harness.adapters.vllm_core import VllmCoreBackend
 
     return VllmCoreBackend(config)
 

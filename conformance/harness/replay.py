@@ -8,9 +8,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from tailproof.conformance.adapters import make_driver, refusal
-from tailproof.conformance.compare import Renamer, project, subset_match
-from tailproof.conformance.trace import Trace
+from tailproof.conformance.format.compare import Renamer, project, subset_match
+from tailproof.conformance.format.trace import Trace
+from tailproof.conformance.harness.adapters import make_driver, refusal
 
 EXPECTED = "expected"
 

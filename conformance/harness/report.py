@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tailproof import __version__
-from tailproof.conformance.replay import CaseResult
+from tailproof.conformance.harness.replay import CaseResult
 
 FORMAT = "tailproof-report/1"
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from tailproof.conformance.ops import REQUIRED, all_op_specs
+from tailproof.conformance.format.ops import REQUIRED, all_op_specs
 
 Op = dict[str, Any]
 Observation = dict[str, Any]

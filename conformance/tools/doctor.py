@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tailproof import __version__
-from tailproof.conformance import vllm_compat
+from tailproof.conformance.harness import vllm_compat
 
 
 @dataclass

@@ -17,8 +17,8 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from tailproof.conformance.lockstep import Lockstep, LockstepDivergence
-from tailproof.conformance.steps import Steps, op
+from tailproof.conformance.harness.lockstep import Lockstep, LockstepDivergence
+from tailproof.conformance.harness.steps import Steps, op
 
 __all__ = ["GEOMETRIES", "LockstepDivergence", "lockstep_trace", "write_case"]
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tailproof.conformance.errors import UsageError
-from tailproof.conformance.replay import EXPECTED, CaseResult
-from tailproof.conformance.trace import TraceError
+from tailproof.conformance.format.trace import TraceError
+from tailproof.conformance.harness.errors import UsageError
+from tailproof.conformance.harness.replay import EXPECTED, CaseResult
 
 
 def parse_range(text: str | None, n: int) -> range:

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from tailproof.conformance.capture.tokens import run_length
-from tailproof.conformance.replay import CaseResult, run_trace
-from tailproof.conformance.step_protocol import observed_problem
-from tailproof.conformance.trace import Trace, TraceError, parse_trace
+from tailproof.conformance.format.step_protocol import observed_problem
+from tailproof.conformance.format.trace import Trace, TraceError, parse_trace
+from tailproof.conformance.harness.replay import CaseResult, run_trace
 
 Signature = tuple[str, str, str, str]
 

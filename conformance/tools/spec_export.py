@@ -30,7 +30,7 @@ sequence that runs a rank's jobs out of order is not mappable.
 more step in which the named request looks its prefix up (the lookup that hits the
 never-computed blocks).
 
-The steps are written with the harness's step builder (``tailproof.conformance.steps``),
+The steps are written with the harness's step builder (``tailproof.conformance.harness.steps``),
 without running; the model says which chunks were scheduled. Observations are left to the
 adapters (no ``expect``): the trace checks that the implementations agree on the scenario;
 the model's own verdict is in the description.
@@ -42,8 +42,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tailproof.conformance.steps import Steps, op
-from tailproof.conformance.trace import FORMAT_TAG
+from tailproof.conformance.format.trace import FORMAT_TAG
+from tailproof.conformance.harness.steps import Steps, op
 from tailproof.spec.model import Config, State, initial
 from tailproof.spec.proofs.export import mappable, needs_connector
 from tailproof.spec.prove import Counterexample, Export

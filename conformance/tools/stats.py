@@ -21,7 +21,7 @@ import threading
 import urllib.parse
 from typing import Any
 
-from tailproof.conformance.errors import UsageError
+from tailproof.conformance.harness.errors import UsageError
 
 EVENTS = "vllm:tailproof_events_total"
 STATE = "vllm:tailproof_state"

@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from tailproof.conformance.cli import corpus_paths, main
-from tailproof.conformance.ops import all_op_specs
+from tailproof.conformance.cli.main import corpus_paths, main
+from tailproof.conformance.format.ops import all_op_specs
 
 N_MUTATIONS = 2000
 SEED = 20261130

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tailproof.conformance.cli import CASES_DIR, main
+from tailproof.conformance.cli.main import CASES_DIR, main
 from tailproof.reference import managers
 
 pytestmark = pytest.mark.vllm

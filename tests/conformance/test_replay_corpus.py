@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tailproof.conformance.cli import corpus_paths, main
+from tailproof.conformance.cli.main import corpus_paths, main
 
 pytestmark = pytest.mark.vllm
 vllm = pytest.importorskip("vllm", reason="vLLM 0.33 is not installed in this environment")

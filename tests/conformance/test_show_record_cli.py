@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tailproof.conformance.cli import CASES_DIR, main
+from tailproof.conformance.cli.main import CASES_DIR, main
 
 CASE = CASES_DIR / "core_c01_producer_subblock_tail.json"
 

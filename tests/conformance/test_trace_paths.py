@@ -1,4 +1,4 @@
-"""The trace size limit holds for every kind of path (conformance/trace_file.py): a regular
+"""The trace size limit holds for every kind of path (conformance/format/trace_file.py): a regular
 file, a pipe (``<(cmd)``), a FIFO and a device; each bad one is exit 2 with one line, in
 bounded time and memory, for every subcommand that loads traces."""
 
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tailproof.conformance import limits
-from tailproof.conformance.cli import corpus_paths, main
+from tailproof.conformance.cli.main import corpus_paths, main
+from tailproof.conformance.format import limits
 
 SMALL = min(corpus_paths(), key=lambda p: p.stat().st_size)
 LIMIT = 4096  # a small limit keeps the oversized inputs small

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from tailproof.conformance.cli import corpus_paths, main
-from tailproof.conformance.connector_ops import CONNECTOR_OP_SPECS
+from tailproof.conformance.cli.main import corpus_paths, main
+from tailproof.conformance.harness.connector_adapter import CONNECTOR_OP_SPECS
 
 pytestmark = pytest.mark.vllm
 vllm = pytest.importorskip("vllm", reason="vLLM 0.33 is not installed in this environment")
@@ -50,7 +50,8 @@ def test_connector_corpus_replays_without_divergence(capsys: pytest.CaptureFixtu
 
 
 def _extension_cases() -> set[str]:
-    """The turn-end checkpoint extension's cases (``tests/connector/cases_reuse.py``)."""
+    """The turn-end checkpoint extension's cases
+    (``conformance/tools/authoring/reuse_cases.py``)."""
     return {p.stem for p in corpus_paths() if p.name.startswith("conn_x")}
 
 

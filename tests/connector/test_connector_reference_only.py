@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tailproof.conformance.cli import corpus_paths, main
+from tailproof.conformance.cli.main import corpus_paths, main
 
 
 def test_reference_matches_recorded_vllm_observations(capsys: pytest.CaptureFixture[str]) -> None:

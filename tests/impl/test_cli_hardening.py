@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tailproof.conformance import cli, netns
+import tailproof.conformance.cli.main as cli
+from tailproof.conformance.harness import netns
 
 
 def _options(master: str | None, store: str) -> dict:  # type: ignore[type-arg]
@@ -43,8 +44,8 @@ def test_mooncake_master_warns_of_wildcard_listeners(monkeypatch: pytest.MonkeyP
 def test_capture_unwinds_on_sigterm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                     capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("vllm")
-    from tailproof.conformance.capture import engine as engine_mod
-    from tailproof.conformance.capture import run as run_mod
+    from tailproof.conformance.tools.capture_engine import engine as engine_mod
+    from tailproof.conformance.tools.capture_engine import run as run_mod
 
     if threading.current_thread() is not threading.main_thread():
         pytest.skip("signal handlers need the main thread")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from proc_tree import alive, children  # noqa: E402
 
-from tailproof.conformance.cli import corpus_paths, main
+from tailproof.conformance.cli.main import corpus_paths, main
 
 pytestmark = [pytest.mark.mooncake, pytest.mark.vllm]
 
@@ -61,7 +61,7 @@ def test_signal_to_the_cli_stops_the_master_it_started(mooncake_master: str,
                                                        sig: signal.Signals) -> None:
     conn = [str(p) for p in corpus_paths() if p.name.startswith("conn_")] * 50  # minutes of work
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tailproof.conformance.cli", "replay", *conn,
+        [sys.executable, "-m", "tailproof.conformance.cli.main", "replay", *conn,
          "--against", "reference,impl", "--store", "mooncake"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
         # A runner started from a backgrounded shell has SIGINT ignored, and Python keeps an

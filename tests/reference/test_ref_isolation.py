@@ -19,7 +19,7 @@ def test_import_loads_no_vllm_or_torch() -> None:
         "import tailproof.reference.block_pool, tailproof.reference.coordinator\n"
         "import tailproof.reference.kv_manager, tailproof.reference.managers\n"
         "import tailproof.reference.scheduler_split\n"
-        "import tailproof.conformance.adapters.reference_core\n"
+        "import tailproof.conformance.harness.adapters.reference_core\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('vllm', 'torch'))\n"
         "print(','.join(bad))\n"
     )

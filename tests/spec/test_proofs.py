@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tailproof.conformance.spec_export import to_trace
+from tailproof.conformance.tools.spec_export import to_trace
 from tailproof.spec.model import Config
 from tailproof.spec.proofs.bmc import bmc, replay
 from tailproof.spec.proofs.export import mappable
@@ -79,7 +79,7 @@ def test_unmutated_model_runs_counterexample_paths_cleanly() -> None:
 
 
 def test_exported_traces_current_and_loadable() -> None:
-    from tailproof.conformance.trace import load_trace
+    from tailproof.conformance.format.trace import load_trace
 
     files = sorted(CASES.glob("spec_*.json"))
     assert len(files) >= len(EXPORTED)

@@ -10,11 +10,11 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
-from tailproof.conformance.driver import CoreDriver
-from tailproof.conformance.trace import TraceConfig
+from tailproof.conformance.format.trace import TraceConfig
+from tailproof.conformance.harness.driver import CoreDriver
 
-_REF_CORE = "tailproof.conformance.adapters.reference_core:ReferenceCoreBackend"
-_VLLM_CORE = "tailproof.conformance.adapters.vllm_core:VllmCoreBackend"
+_REF_CORE = "tailproof.conformance.harness.adapters.reference_core:ReferenceCoreBackend"
+_VLLM_CORE = "tailproof.conformance.harness.adapters.vllm_core:VllmCoreBackend"
 
 
 @dataclass(frozen=True)
@@ -30,15 +30,15 @@ class AdapterSpec:
 
 ADAPTERS: dict[str, AdapterSpec] = {a.name: a for a in [
     AdapterSpec("reference", _REF_CORE,
-                "tailproof.conformance.adapters.reference_connector:ReferenceConnector",
+                "tailproof.conformance.harness.adapters.reference_connector:ReferenceConnector",
                 "pure-Python reference model (core + connector)"),
     AdapterSpec("vllm", _VLLM_CORE, None, "vLLM 0.33 KVCacheManager (core ops only)",
                 runs_extension=False),
     AdapterSpec("vllm-mooncake", _VLLM_CORE,
-                "tailproof.conformance.adapters.vllm_mooncake:VllmMooncakeConnector",
+                "tailproof.conformance.harness.adapters.vllm_mooncake:VllmMooncakeConnector",
                 "vLLM 0.33 KVCacheManager + MooncakeStoreScheduler + sending thread",
                 runs_extension=False),
-    AdapterSpec("impl", _VLLM_CORE, "tailproof.conformance.adapters.impl:ImplConnector",
+    AdapterSpec("impl", _VLLM_CORE, "tailproof.conformance.harness.adapters.impl:ImplConnector",
                 "vLLM 0.33 KVCacheManager + TailproofConnector with real KV tensors",
                 takes_options=True),
 ]}
@@ -58,7 +58,7 @@ def refusal(name: str, config: TraceConfig) -> str | None:
     adapters refuse the turn-end checkpoint extension (``docs/reuse.md``) rather than run
     the trace without it. Every adapter refuses sparse state retention: it replays with dense
     retention, which offers boundaries the engine did not keep."""
-    from tailproof.conformance.connector_ops import extension_refusal
+    from tailproof.conformance.harness.connector_adapter import extension_refusal
 
     if config.sparse_retention:
         return (f"{name}: config.prefix_cache_retention_interval="

@@ -37,9 +37,9 @@ from typing import Any
 
 import torch
 
-from tailproof.conformance.adapters.runner_sim import GroupShape, SimRunner
-from tailproof.conformance.adapters.vllm_core import scheduler_output
-from tailproof.conformance.connector_ops import (
+from tailproof.conformance.harness.adapters.runner_sim import GroupShape, SimRunner
+from tailproof.conformance.harness.adapters.vllm_core import scheduler_output
+from tailproof.conformance.harness.connector_adapter import (
     EXTENSION_FIELDS,
     ConnectorAdapter,
     batch_obs,

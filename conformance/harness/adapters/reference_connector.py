@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tailproof.conformance.connector_ops import ConnectorAdapter, batch_obs, job_obs
+from tailproof.conformance.harness.connector_adapter import ConnectorAdapter, batch_obs, job_obs
 from tailproof.reference.connector.config import ConnectorConfig, StoreGeometry
 from tailproof.reference.connector.lookup import (
     LookupMemo,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from tailproof.conformance.backend import RequestView
+from tailproof.conformance.harness.backend import RequestView
 from tailproof.reference.block_pool import Block
 from tailproof.reference.geometry import Geometry
 from tailproof.reference.kv_manager import KVCacheManager

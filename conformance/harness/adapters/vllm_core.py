@@ -13,8 +13,8 @@ import warnings
 from types import SimpleNamespace
 from typing import Any
 
-from tailproof.conformance.backend import KVObserver, RequestView
-from tailproof.conformance.trace import TraceConfig
+from tailproof.conformance.format.trace import TraceConfig
+from tailproof.conformance.harness.backend import KVObserver, RequestView
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 warnings.filterwarnings("ignore", module="vllm")

@@ -22,8 +22,8 @@ import threading
 from types import SimpleNamespace
 from typing import Any
 
-from tailproof.conformance.adapters.vllm_core import scheduler_output
-from tailproof.conformance.connector_ops import ConnectorAdapter, batch_obs, job_obs
+from tailproof.conformance.harness.adapters.vllm_core import scheduler_output
+from tailproof.conformance.harness.connector_adapter import ConnectorAdapter, batch_obs, job_obs
 from tailproof.reference.connector.store import ScriptedStore
 
 _ROLE = {"producer": "kv_producer", "consumer": "kv_consumer", "both": "kv_both"}

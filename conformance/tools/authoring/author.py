@@ -4,7 +4,7 @@ A ``Case`` is written with ``op`` (any trace op), ``add`` (a request) and ``step
 ``prefill`` (whole engine steps, ``steps.py``). Two modules hold the scripts:
 ``scripts/author_core_cases.py`` (core cases, written without running: their expectations
 are recorded from vLLM with ``tailproof record`` and reviewed) and
-``tests/connector/cases_conn.py`` (connector cases, run while authored on vLLM 0.33 +
+``conformance/tools/authoring/conn_cases.py`` (connector cases, run while authored on vLLM 0.33 +
 Mooncake and the reference in lockstep, strict block ids; vLLM's observations become the
 expectations). Both end in ``main``:
 
@@ -25,11 +25,11 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from tailproof.conformance.lockstep import Lockstep
-from tailproof.conformance.steps import Observation, Op, Steps, op
-from tailproof.conformance.trace import FORMAT_TAG, parse_trace
+from tailproof.conformance.format.trace import FORMAT_TAG, parse_trace
+from tailproof.conformance.harness.lockstep import Lockstep
+from tailproof.conformance.harness.steps import Observation, Op, Steps, op
 
-CASES_DIR = Path(__file__).resolve().parent / "cases"
+CASES_DIR = Path(__file__).resolve().parents[2] / "cases"
 FA, M = "full_attention", "mamba_align"
 Group = tuple[str, int] | tuple[str, int, bool]
 

@@ -1,9 +1,9 @@
 """The connector corpus, ``conformance/cases/conn_*.json``, as scheduler scripts
-(``tailproof.conformance.author``). Each script runs on vLLM 0.33 + Mooncake and on the
-reference in lockstep (strict block ids) while it is written, and vLLM's observations become
-the expectations. Each description says what the case pins and why.
+(``tailproof.conformance.tools.authoring.author``). Each script runs on vLLM 0.33 + Mooncake
+and on the reference in lockstep (strict block ids) while it is written, and vLLM's
+observations become the expectations. Each description says what the case pins and why.
 
-    .venv/bin/python tests/connector/cases_conn.py [--check] [--out DIR] [NAME ...]
+    .venv/bin/python conformance/tools/authoring/conn_cases.py [--check] [--out DIR] [NAME ...]
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from tailproof.conformance import author
-from tailproof.conformance.author import FA, Case, M, of, rng
+from tailproof.conformance.tools.authoring import author
+from tailproof.conformance.tools.authoring.author import FA, Case, M, of, rng
 
 RECORD = ("vllm-mooncake", "reference")
 

@@ -1,6 +1,6 @@
 """The junction checkpoint extension's corpus (``docs/junctions.md``, "The extension"),
 ``conformance/cases/conn_x14``-``conn_x19``, as scheduler scripts
-(``tailproof.conformance.author``).
+(``tailproof.conformance.tools.authoring.author``).
 
 Junction checkpoints are not in vLLM 0.33: these cases turn ``junction_checkpoints`` on in
 ``config.connector``, so the vLLM adapters refuse them and they are recorded from the reference
@@ -9,7 +9,8 @@ block ids, real KV bytes). Both adapters apply the scheduler hook (``Scheduler.
 mamba_shared_prefix_checkpoint``), so a chunk stops exactly at a junction the connector set.
 Each description says what the case pins.
 
-    .venv/bin/python tests/connector/cases_junctions.py [--check] [--out DIR] [NAME ...]
+    .venv/bin/python -m tailproof.conformance.tools.authoring.conn_junction_cases \
+        [--check] [--out DIR] [NAME ...]
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from tailproof.conformance import author
-from tailproof.conformance.author import FA, Case, M, of, rng
+from tailproof.conformance.tools.authoring import author
+from tailproof.conformance.tools.authoring.author import FA, Case, M, of, rng
 
 RECORD = ("reference", "impl")
 G16 = [(FA, 16, False), (M, 16, False)]  # lcm 16, h 4: partial hits on

@@ -1,10 +1,10 @@
 """The core (``KVCacheManager``-level) cases of the corpus, ``conformance/cases/core_*.json``,
-as scheduler scripts (``tailproof.conformance.author``).
+as scheduler scripts (``tailproof.conformance.tools.authoring.author``).
 
 The scripts are written without running; record their expectations from vLLM 0.33 with
 ``tailproof record conformance/cases/core_*.json --adapter vllm --in-place`` and review them before
 committing (the author keeps reviewed expectations while a case's ops are unchanged). Steps
-follow the scheduler's order (``tailproof.conformance.steps``): new step, lookup, plan (the
+follow the scheduler's order (``tailproof.conformance.harness.steps``): new step, lookup, plan (the
 Mamba-aligned split), allocate, drain hand-offs, drain copies and free their retention at
 once (``defer_block_free`` off), commit.
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import sys
 
-from tailproof.conformance.author import FA, Case, M, config, main
+from tailproof.conformance.tools.authoring.author import FA, Case, M, config, main
 
 P7 = [0, 0, 1, 1, 2, 2, 9]
 C1 = config([(FA, 2), (M, 4)], 2, 20)

@@ -1,7 +1,7 @@
 """Author the historical-bug cases (``conformance/cases/hist_*.json``) with the case tools.
 
 Each case starts from a corpus case that kills the bug's mutant, is shrunk with
-``tailproof.conformance.shrink`` while the mutant is applied (in a forked child, so unmutated
+``tailproof.conformance.tools.shrink`` while the mutant is applied (in a forked child, so unmutated
 vLLM in this process never sees it: reference vs mutated vLLM is the divergence kept), renamed
 after the bug, and its expectations are then recorded from unmutated vLLM with
 ``tailproof record --adapter vllm-mooncake|vllm --in-place --overwrite``. ``FIXUPS`` holds the
@@ -21,13 +21,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tailproof.conformance.history.bugs import BUGS, Bug
-from tailproof.conformance.mutate.apply import apply_mutant
-from tailproof.conformance.mutate.catalog import MUTANTS
-from tailproof.conformance.shrink import shrink
-from tailproof.conformance.trace import load_trace
+from tailproof.conformance.format.trace import load_trace
+from tailproof.conformance.tools.history.bugs import BUGS, Bug
+from tailproof.conformance.tools.mutate.apply import apply_mutant
+from tailproof.conformance.tools.mutate.catalog import MUTANTS
+from tailproof.conformance.tools.shrink import shrink
 
-CASES = Path(__file__).resolve().parent.parent / "conformance" / "cases"
+CASES = Path(__file__).resolve().parents[2] / "cases"
 BY_ID = {m.id: m for m in MUTANTS}
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from tailproof.conformance.author import FA, Case, M, config, main
+from tailproof.conformance.tools.authoring.author import FA, Case, M, config, main
 
 RECORD = ("vllm", "reference")
 FLAG = {"enable_mamba_shared_prefix_checkpoint": True}

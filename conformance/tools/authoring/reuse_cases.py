@@ -1,5 +1,5 @@
 """The turn-end checkpoint extension's corpus, ``conformance/cases/conn_x*.json``, as scheduler
-scripts (``tailproof.conformance.author``).
+scripts (``tailproof.conformance.tools.authoring.author``).
 
 The extension (``docs/reuse.md``) is not in vLLM 0.33: these cases turn it on in
 ``config.connector``, so the vLLM adapters refuse them (``adapters.refusal``) and they are
@@ -7,7 +7,7 @@ recorded from the reference connector model while ``impl`` runs in lockstep (str
 real KV bytes: every put and load is checked byte for byte by ``runner_sim``). Each
 description says what the case pins.
 
-    .venv/bin/python tests/connector/cases_reuse.py [--check] [--out DIR] [NAME ...]
+    .venv/bin/python conformance/tools/authoring/reuse_cases.py [--check] [--out DIR] [NAME ...]
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from tailproof.conformance import author
-from tailproof.conformance.author import FA, Case, M, of, rng
+from tailproof.conformance.tools.authoring import author
+from tailproof.conformance.tools.authoring.author import FA, Case, M, of, rng
 
 RECORD = ("reference", "impl")
 G16 = [(FA, 16, False), (M, 16, False)]  # lcm 16, h 4: partial hits on

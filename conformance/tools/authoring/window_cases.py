@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import sys
 
-from tailproof.conformance.author import FA, Case, M, config, main
+from tailproof.conformance.tools.authoring.author import FA, Case, M, config, main
 
 RECORD = ("vllm", "reference")
 SW = "sliding_window"

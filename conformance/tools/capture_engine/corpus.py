@@ -1,7 +1,7 @@
 """Regenerate the captured part of the corpus: ``conformance/cases/cap_*.json``.
 
-``python -m tailproof.conformance.capture.corpus [--check]`` captures every named workload on
-every geometry of ``workloads.GEOMETRIES`` (seed 0, token ids redacted) with ``tailproof
+``python -m tailproof.conformance.tools.capture_engine.corpus [--check]`` captures every named
+workload on every geometry of ``workloads.GEOMETRIES`` (seed 0, token ids redacted) with ``tailproof
 capture``'s code path (connector workloads: default geometry, ``--connector tailproof``), and
 the ``MOONCAKE`` workloads with ``--connector mooncake`` (vLLM's own ``MooncakeStoreConnector``;
 default geometry, ``cap_<workload>_<geometry>_mooncake.json``); ``--check`` compares instead
@@ -15,10 +15,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tailproof.conformance.capture.run import capture
-from tailproof.conformance.capture.workloads import GEOMETRIES, WORKLOADS
+from tailproof.conformance.tools.capture_engine.run import capture
+from tailproof.conformance.tools.capture_engine.workloads import GEOMETRIES, WORKLOADS
 
-CASES = Path(__file__).resolve().parent.parent / "cases"
+CASES = Path(__file__).resolve().parents[2] / "cases"
 
 
 # "mixed" (>= 1,000 ops, the shrink test's input) is captured on the default geometry only.

@@ -114,7 +114,7 @@ class MooncakeRanks:
     def __init__(self, sched: Any, kv_cache_config: Any, num_workers: int) -> None:
         from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
 
-        from tailproof.conformance.adapters.vllm_mooncake import LookupClient, store_ranks
+        from tailproof.conformance.harness.adapters.vllm_mooncake import LookupClient, store_ranks
 
         cs = sched.connector.connector_scheduler
         store_groups = list(kv_cache_config.prefix_cacheable_groups)
@@ -147,7 +147,7 @@ class MooncakeRanks:
         )
         from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 
-        from tailproof.conformance.capture.workers import StepLog
+        from tailproof.conformance.tools.capture_engine.workers import StepLog
 
         meta = so.kv_connector_metadata
         log = StepLog(dict(so.num_scheduled_tokens))

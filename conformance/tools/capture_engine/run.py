@@ -7,9 +7,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tailproof.conformance.capture.engine import DEFAULT_GROUPS, CaptureEngine
 from tailproof.conformance.capture.recorder import Recorder
-from tailproof.conformance.capture.workloads import GEOMETRIES, WORKLOADS
+from tailproof.conformance.tools.capture_engine.engine import DEFAULT_GROUPS, CaptureEngine
+from tailproof.conformance.tools.capture_engine.workloads import GEOMETRIES, WORKLOADS
 
 CONNECTORS = ("none", "tailproof", "mooncake")
 _CONNECTOR_DESC = {

@@ -70,7 +70,7 @@ class WorkerRanks:
         from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
         from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
-        from tailproof.conformance.adapters.runner_sim import GroupShape, SimRunner
+        from tailproof.conformance.harness.adapters.runner_sim import GroupShape, SimRunner
         from tailproof.impl.connector import TailproofConnector
 
         if model_runner not in MODEL_RUNNERS:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tailproof.conformance.capture.engine import CaptureEngine
+from tailproof.conformance.tools.capture_engine.engine import CaptureEngine
 
 VOCAB = (3, 900)  # prompt token ids; sampled tokens are 1000.. (engine.next_token)
 

@@ -4,7 +4,7 @@ Each entry states the bug in the project's vocabulary, names the vLLM 0.33 code 
 its status against the installed 0.33.0 source (checked by reading that source, not the PR
 text): ``fixed`` (the fix is in 0.33: ``mutants`` re-introduce it the way the PR diff
 describes and ``case`` kills them with the corpus alone), ``present`` (0.33 still has it:
-``finding`` names the detector that reports it, ``conformance/history/findings.py``) or
+``finding`` names the detector that reports it, ``conformance/tools/history/findings.py``) or
 ``not_applicable`` (``reason`` says why no trace or mutant of vLLM 0.33 can carry it).
 """
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tailproof.conformance.history.bugs import BUGS, Bug
-from tailproof.conformance.mutate.catalog import MUTANTS
-from tailproof.conformance.mutate.run import KILLED, run_mutants
-from tailproof.conformance.mutate.workload import build_workload
+from tailproof.conformance.tools.history.bugs import BUGS, Bug
+from tailproof.conformance.tools.mutate.catalog import MUTANTS
+from tailproof.conformance.tools.mutate.run import KILLED, run_mutants
+from tailproof.conformance.tools.mutate.workload import build_workload
 
-CASES = Path(__file__).resolve().parent.parent / "cases"
+CASES = Path(__file__).resolve().parents[2] / "cases"
 BY_ID = {m.id: m for m in MUTANTS}
 
 

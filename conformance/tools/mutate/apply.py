@@ -20,7 +20,7 @@ import sys
 import textwrap
 from typing import Any
 
-from tailproof.conformance.mutate.catalog import Mutant
+from tailproof.conformance.tools.mutate.catalog import Mutant
 
 
 class StaleMutant(Exception):

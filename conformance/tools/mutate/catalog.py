@@ -6,7 +6,7 @@ off-by-one at a boundary, a missed copy-on-write, a pin released early, a key le
 eviction, clipping skipped, a null block accepted, a fixed point stopped early, an EAGLE margin
 applied to the wrong group. Some re-introduce fixed upstream bugs (``upstream``): #43559 (in
 the core coordinator and in the store's copy of its fixed point), #49502, #50359, #51358,
-#51766, #52832, #54360 and #33775 (``conformance/history`` lists them with their cases).
+#51766, #52832, #54360 and #33775 (``conformance/tools/history`` lists them with their cases).
 A mutant that cannot change behaviour carries the reason in ``equivalent``; it is reported,
 not scored.
 """

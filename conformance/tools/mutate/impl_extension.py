@@ -7,7 +7,7 @@ extension cases (``conformance/cases/conn_x*.json``) replayed on ``reference,imp
 ids: an observation that differs from the reference, or a ``KVByteMismatch`` (a put or a load
 whose bytes are not the KV of its prefix, checked by ``runner_sim``).
 
-    from tailproof.conformance.mutate.impl_extension import MUTANTS, score
+    from tailproof.conformance.tools.mutate.impl_extension import MUTANTS, score
     score()  # {mutant id: (killed, first killing case, op index, op)}
 
 Each mutant is applied in memory (``apply.mutated_source``) and undone after its run.
@@ -19,8 +19,8 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from tailproof.conformance.mutate.apply import apply_mutant, mutated_source
-from tailproof.conformance.mutate.catalog import Mutant
+from tailproof.conformance.tools.mutate.apply import apply_mutant, mutated_source
+from tailproof.conformance.tools.mutate.catalog import Mutant
 
 SS = "tailproof.impl.scheduler_side"
 WS = "tailproof.impl.worker_side"
@@ -90,9 +90,9 @@ def applied(m: Mutant) -> Iterator[None]:
 
 def extension_cases() -> list[Any]:
     """The extension cases of the corpus (their config turns the extension on)."""
-    from tailproof.conformance.cli import corpus_paths
-    from tailproof.conformance.connector_ops import extension_on
-    from tailproof.conformance.trace import load_trace
+    from tailproof.conformance.cli.main import corpus_paths
+    from tailproof.conformance.format.trace import load_trace
+    from tailproof.conformance.harness.connector_adapter import extension_on
 
     traces = [load_trace(p) for p in corpus_paths() if p.name.startswith("conn_")]
     return [t for t in traces if extension_on(t.config.connector)]
@@ -101,7 +101,7 @@ def extension_cases() -> list[Any]:
 def first_kill(traces: list[Any]) -> tuple[str, int, str] | None:
     """The first divergence of ``traces`` on reference vs impl (strict ids), as (case, op
     index, op), or None when every case agrees."""
-    from tailproof.conformance.replay import run_trace
+    from tailproof.conformance.harness.replay import run_trace
 
     for t in traces:
         r = run_trace(t, ADAPTERS, strict=True)

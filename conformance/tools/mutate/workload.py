@@ -22,14 +22,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tailproof.conformance.adapters import make_driver, refusal
-from tailproof.conformance.ops import CORE_OPS
-from tailproof.conformance.trace import Trace, TraceConfig, load_trace, parse_trace
+from tailproof.conformance.format.ops import CORE_OPS
+from tailproof.conformance.format.trace import Trace, TraceConfig, load_trace, parse_trace
+from tailproof.conformance.harness.adapters import make_driver, refusal
 
 CORPUS = "corpus"
 GEN_CORE = "generated-core"
 GEN_CONN = "generated-connector"
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 CONNECTOR_STRATEGIES = REPO_ROOT / "tests" / "connector" / "strategies.py"
 
 
@@ -131,7 +131,7 @@ def build_workload(corpus: list[Path], generated_core: int, generated_connector:
     # ``impl_extension``'s): the vLLM adapters refuse them.
     jobs = [j for j in jobs if refusal(j.adapter, j.config) is None]
     if generated_core:
-        from tailproof.conformance.generate import lockstep_trace
+        from tailproof.conformance.tools.generate import lockstep_trace
 
         for doc in _collect(lockstep_trace(["reference"]), generated_core, "gen-core"):
             jobs.append(_job(parse_trace(doc), GEN_CORE))
