@@ -13,10 +13,10 @@ import os
 import time
 
 from tailproof.conformance.capture.writer import write_trace
-from tailproof.conformance.cli.main import CASES_DIR
 from tailproof.conformance.format.trace import load_trace
 from tailproof.conformance.harness.adapters import ADAPTERS, AdapterSpec
 from tailproof.conformance.harness.adapters.reference_core import ReferenceCoreBackend
+from tailproof.conformance.harness.corpus import CASES_DIR
 from tailproof.conformance.tools.shrink import shrink
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tailproof.conformance.harness.connector_adapter import (
+from tailproof.conformance.format.connector_config import (
     EXTENSION_FIELDS,
     extension_on,
     validate_connector_config,

@@ -16,7 +16,11 @@ import sys
 import time
 from typing import Any
 
+from tailproof.conformance.cli.common import _sub
+from tailproof.conformance.format.trace import load_trace
+from tailproof.conformance.harness import report, vllm_compat
 from tailproof.conformance.harness.errors import DIVERGED, OK, UsageError
+from tailproof.conformance.harness.replay import run_trace
 from tailproof.conformance.tools.history import findings as hf
 from tailproof.conformance.tools.history.bugs import BUGS, FIXED, PRESENT, Bug, by_ref
 from tailproof.conformance.tools.history.verify import case_ops, case_path, verify_bug
@@ -37,8 +41,6 @@ def _finding_shown(bug: Bug) -> dict[str, Any] | None:
     if bug.finding in hf.STATIC_DETECTORS:
         found = hf.static_findings()
     else:
-        from tailproof.conformance.format.trace import load_trace
-        from tailproof.conformance.harness.replay import run_trace
 
         assert bug.case, f"{bug.ref}: a trace finding needs its case"
         trace = load_trace(case_path(bug.case))
@@ -118,10 +120,14 @@ def cmd_history(args: argparse.Namespace) -> int:
     out = sys.stderr if args.json else sys.stdout
     print(format_table(rows), file=out)
     if args.json:
-        from tailproof.conformance.harness import report, vllm_compat
-
         print(json.dumps(report.command_document(
             "history", vllm=vllm_compat.inspect_vllm(["vllm-mooncake"]).as_json(),
             result="covered" if rc == OK else "uncovered", exit_code=rc,
             total_seconds=time.perf_counter() - t0, body={"bugs": rows}), indent=2))
     return rc
+
+
+def register_history(sub: Any) -> None:
+    add_arguments(_sub(sub, "history", "list every upstream bug of the partial-tail path: its "
+                       "status in vLLM 0.33, the case or finding that covers it, the mutant "
+                       "that re-introduces it and whether the case kills it", cmd_history))

@@ -7,8 +7,13 @@ import json
 import sys
 from typing import Any
 
+from tailproof.conformance.cli.common import _sub
+from tailproof.conformance.harness.corpus import corpus_paths
 from tailproof.conformance.harness.errors import DIVERGED, OK, UsageError
+from tailproof.conformance.tools.mutate import impl_extension as ext
 from tailproof.conformance.tools.mutate.catalog import MUTANTS, module_label
+from tailproof.conformance.tools.mutate.run import format_report, run_mutants, select
+from tailproof.conformance.tools.mutate.workload import build_workload
 
 #: The generators' fixed budget: traces drawn (derandomized) per generator.
 DEFAULT_GENERATED_CORE = 120
@@ -54,9 +59,6 @@ def _progress(i: int, n: int, r: Any) -> None:
 
 def run_from_args(args: argparse.Namespace, quiet: bool = False) -> Any:
     """Build the workload and run the selected mutants; returns the ``Report``."""
-    from tailproof.conformance.cli.main import corpus_paths
-    from tailproof.conformance.tools.mutate.run import run_mutants, select
-    from tailproof.conformance.tools.mutate.workload import build_workload
 
     chosen = select(args.module, args.sample, args.mutant)
     workload = build_workload(corpus_paths(), args.generated, args.generated_connector,
@@ -90,8 +92,6 @@ def _check_args(args: argparse.Namespace) -> None:
 def _cmd_extension(args: argparse.Namespace) -> int:
     """``--extension``: each impl mutant of the extension, applied in this process, against
     the extension cases; exit 1 when one survives."""
-    from tailproof.conformance.tools.mutate import impl_extension as ext
-
     chosen = [m for m in ext.MUTANTS if not args.mutant or m.id in args.mutant]
     if not chosen:
         raise UsageError(f"no extension mutant matches {args.mutant!r}",
@@ -111,8 +111,6 @@ def _cmd_extension(args: argparse.Namespace) -> int:
 
 
 def cmd_mutate(args: argparse.Namespace) -> int:
-    from tailproof.conformance.tools.mutate.run import format_report, select
-
     _check_args(args)
     if args.extension:
         return _cmd_extension(args)
@@ -132,3 +130,10 @@ def cmd_mutate(args: argparse.Namespace) -> int:
     else:
         print(format_report(report))
     return OK if report.score >= args.min_score else DIVERGED
+
+
+def register_mutate(sub: Any) -> None:
+    mu = _sub(sub, "mutate", "score the suite against mutants of vLLM 0.33's own partial-tail "
+              "code (corpus plus the generators' fixed budget)", cmd_mutate)
+    mu.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    add_arguments(mu)

@@ -13,17 +13,24 @@ of the harness (the import contracts in pyproject.toml).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
-from tailproof.conformance.tools.spec_export import writer
-from tailproof.spec import prove
+from tailproof.conformance.cli.common import _sub
+from tailproof.conformance.harness.errors import UsageError
 
 
 def main(argv: list[str]) -> int:
     """CLI entry (wired into ``tailproof prove``)."""
+    # deferred: z3 and hypothesis are optional (``pip install -e .[spec]``); the CLI starts
+    # without them and ``cmd_prove`` says what to install (exit 2)
+    from tailproof.conformance.tools.spec_export import writer
+    from tailproof.spec import prove
+
     ap = argparse.ArgumentParser(prog="tailproof prove", description=__doc__)
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--quick", action="store_true", help="lower bounds (a few seconds)")
@@ -54,3 +61,36 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
+
+
+def _require_prover() -> None:
+    for module, dist in (("z3", "z3-solver"), ("hypothesis", "hypothesis")):
+        if importlib.util.find_spec(module) is None:
+            raise UsageError(f"the proofs need {dist}, which is not installed",
+                             f"pip install {dist} (or ./scripts/bootstrap.sh), or --no-prove")
+
+
+def cmd_prove(args: argparse.Namespace) -> int:
+    _require_prover()
+    if args.export is not None and not Path(args.export).is_dir():
+        raise UsageError(f"--export: {args.export} is not a directory", "create it first")
+    if args.jobs is not None and args.jobs < 1:
+        raise UsageError(f"--jobs: {args.jobs} is not a number of processes", "--jobs 2")
+    argv = (["--json"] if args.json else []) + (["--quick"] if args.quick else [])
+    argv += ["--export", str(args.export)] if args.export is not None else []
+    argv += ["--jobs", str(args.jobs)] if args.jobs is not None else []
+    argv += ["--no-symmetry"] if args.no_symmetry else []
+    return main(argv)
+
+
+def register_prove(sub: Any) -> None:
+    pr = _sub(sub, "prove", "run the spec's lemmas, bounded checks and mutants (progress on "
+              "stderr; findings about vLLM reported apart, never as failures)", cmd_prove)
+    pr.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    pr.add_argument("--quick", action="store_true", help="lower bounds (a few seconds)")
+    pr.add_argument("--export", default=None, metavar="DIR",
+                    help="write each mutant counterexample as a conformance trace into DIR")
+    pr.add_argument("--jobs", "-j", type=int, default=None, metavar="N",
+                    help="worker processes for the independent checks (default: usable CPUs)")
+    pr.add_argument("--no-symmetry", action="store_true",
+                    help="bounded search without symmetry reduction (to compare state counts)")

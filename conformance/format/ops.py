@@ -63,10 +63,32 @@ CORE_OPS: dict[str, dict[str, Field]] = {
     "table": {"rid": Field(RID)},
 }
 
+CONNECTOR_OP_SPECS: dict[str, dict[str, Field]] = {
+    # build_connector_meta: the step's scheduled requests and hand-offs -> store jobs
+    "conn_step": {"scheduled": Field(ANY, None), "finished": Field(ANY, []),
+                  "preempted": Field(ANY, []), "offer": Field(ANY, [])},
+    # Scheduler._connector_finished: finalize + register_finished_partial_tail (before free)
+    "conn_finish": {"rid": Field(RID)},
+    # KVCacheStoreSendingThread._handle_request for up to n queued jobs of one worker
+    "worker_run": {"worker": Field(NAT, 0), "n": Field(NAT_OR_NULL, None),
+                   "store": Field(ANY, [])},
+    # build_connector_worker_meta of the named workers -> update_connector_output
+    "worker_report": {"workers": Field(ANY, None)},
+    # MooncakeStoreWorker.lookup for a request's hashes
+    "store_lookup": {"rid": Field(RID), "num_tokens": Field(NAT_OR_NULL, None)},
+    # get_num_new_matched_tokens + the scheduler's remote-vs-local rule
+    "sched_lookup": {"rid": Field(RID), "local": Field(NAT_OR_NULL, None)},
+    # test scaffolding: put / remove store keys of a request's prefixes directly
+    "store_seed": {"rid": Field(RID), "keys": Field(KEYS), "workers": Field(ANY, None)},
+    "store_remove": {"rid": Field(RID), "keys": Field(KEYS), "workers": Field(ANY, None)},
+    # inspection
+    "store_keys": {},
+    "conn_state": {},
+}
+
+CONNECTOR_OPS = frozenset(CONNECTOR_OP_SPECS)
+
 
 def all_op_specs() -> dict[str, dict[str, Field]]:
-    """Core ops plus the connector ops (``connector_ops.py``, imported here: it imports this
-    module)."""
-    from tailproof.conformance.harness.connector_adapter import CONNECTOR_OP_SPECS
-
+    """Core ops plus the connector ops."""
     return {**CORE_OPS, **CONNECTOR_OP_SPECS}

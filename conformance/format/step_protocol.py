@@ -129,17 +129,3 @@ def observed_problem(ops: list[dict[str, Any]],
         except ProtocolError as e:
             return str(e)
     return None
-
-
-def check_replayed(result: Any) -> None:
-    """``replay``: refuse (TraceError, exit 2) a trace whose run broke the step protocol once
-    its allocations' outcomes were known, instead of reporting the divergence it causes."""
-    from tailproof.conformance.format.trace import TraceError  # import cycle
-
-    for a in result.adapters:
-        if a in result.refused:
-            continue
-        problem = observed_problem(result.trace.ops, result.observations[a])
-        if problem is not None:
-            raise TraceError(f"{result.trace.source}: {problem} (as run on {a})")
-        return

@@ -13,6 +13,7 @@ from typing import Any
 
 from tailproof.conformance.format import limits
 from tailproof.conformance.format import ops as opspec
+from tailproof.conformance.format.connector_config import validate_connector_config
 from tailproof.conformance.format.tokens import TokenError, expand
 from tailproof.conformance.format.trace_checks import CheckError, check_config, check_ops
 from tailproof.conformance.format.trace_file import ReadRefused, read_trace_bytes
@@ -230,10 +231,6 @@ def _check_extension(connector: dict[str, Any], groups: list[GroupConfig], use_e
 def _validate_connector(doc: Any, source: str) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise _err(source, "config.connector", "must be an object")
-    from tailproof.conformance.harness.connector_adapter import (  # import cycle
-        validate_connector_config,
-    )
-
     try:
         return validate_connector_config(doc)
     except ValueError as e:

@@ -23,6 +23,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from tailproof.conformance.format.trace import GroupConfig, TraceConfig
 from tailproof.conformance.harness.adapters.reference_core import ReferenceCoreBackend
+from tailproof.conformance.harness.adapters.vllm_core import VllmCoreBackend
 from tailproof.spec import invariants as inv
 from tailproof.spec.machines import BASE, GEOMETRIES
 from tailproof.spec.model import FA, MAMBA, Config, Hit, Req, State, initial
@@ -32,9 +33,7 @@ REFINED = ("I1", "I2", "I3", "I4", "I9", "I10", "I12", "I19")
 
 
 def vllm_core(config: TraceConfig) -> Any:
-    """vLLM 0.33's ``KVCacheManager`` behind the core interface (vLLM imported only here)."""
-    from tailproof.conformance.harness.adapters.vllm_core import VllmCoreBackend
-
+    """vLLM 0.33's ``KVCacheManager`` behind the core interface (vLLM imported when built)."""
     return VllmCoreBackend(config)
 
 

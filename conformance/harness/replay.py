@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tailproof.conformance.format.compare import Renamer, project, subset_match
-from tailproof.conformance.format.trace import Trace
+from tailproof.conformance.format.step_protocol import observed_problem
+from tailproof.conformance.format.trace import Trace, TraceError
 from tailproof.conformance.harness.adapters import make_driver, refusal
 
 EXPECTED = "expected"
@@ -140,3 +141,15 @@ def format_divergence(result: CaseResult, d: Divergence, context: int = 3) -> st
         lines.append(f"     {left:>14}: {lv}")
         lines.append(f"     {d.adapter:>14}: {rv}")
     return "\n".join(lines)
+
+
+def check_replayed(result: CaseResult) -> None:
+    """``replay``: refuse (TraceError, exit 2) a trace whose run broke the step protocol once
+    its allocations' outcomes were known, instead of reporting the divergence it causes."""
+    for a in result.adapters:
+        if a in result.refused:
+            continue
+        problem = observed_problem(result.trace.ops, result.observations[a])
+        if problem is not None:
+            raise TraceError(f"{result.trace.source}: {problem} (as run on {a})")
+        return

@@ -14,7 +14,7 @@ from tailproof.conformance.capture.connector_config import (
     ConnectorConfigError,
     connector_config,
 )
-from tailproof.conformance.harness.connector_adapter import validate_connector_config
+from tailproof.conformance.format.connector_config import validate_connector_config
 
 
 def _vllm_config(connector: str | None = "TailproofConnector", role: str = "kv_both",

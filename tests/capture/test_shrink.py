@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from tailproof.conformance.cli.main import CASES_DIR, main
+from tailproof.conformance.cli.main import main
 from tailproof.conformance.format.trace import load_trace
 from tailproof.conformance.harness.adapters import ADAPTERS, AdapterSpec
 from tailproof.conformance.harness.adapters.reference_core import ReferenceCoreBackend
+from tailproof.conformance.harness.corpus import CASES_DIR
 from tailproof.conformance.harness.replay import run_trace
 from tailproof.conformance.tools.shrink import shrink
 
@@ -68,7 +69,7 @@ def test_shrink_json_follows_the_command_schema(broken: str,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
     import jsonschema
 
-    from tailproof.conformance.cli.main import CASES_DIR as cases
+    from tailproof.conformance.harness.corpus import CASES_DIR as cases
 
     rc = main(["shrink", str(MIXED), "--against", f"reference,{broken}", "--strict-ids",
                "--json"])

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from tailproof.conformance.cli.main import corpus_paths, main
+from tailproof.conformance.cli.main import main
+from tailproof.conformance.harness.corpus import corpus_paths
 
 jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is not installed "
                                  "(requirements/dev.txt pins it)")

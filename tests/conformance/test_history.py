@@ -13,8 +13,9 @@ import pytest
 pytest.importorskip("vllm", reason="vLLM 0.33 is not installed in this environment")
 pytestmark = pytest.mark.vllm
 
-from tailproof.conformance.cli.main import CASES_DIR, main  # noqa: E402
+from tailproof.conformance.cli.main import main  # noqa: E402
 from tailproof.conformance.format.trace import load_trace, parse_trace  # noqa: E402
+from tailproof.conformance.harness.corpus import CASES_DIR  # noqa: E402
 from tailproof.conformance.harness.replay import run_trace  # noqa: E402
 from tailproof.conformance.tools.history import findings as hf  # noqa: E402
 from tailproof.conformance.tools.history.bugs import (  # noqa: E402

@@ -14,7 +14,8 @@ import pytest
 pytest.importorskip("vllm", reason="vLLM 0.33 is not installed in this environment")
 pytestmark = pytest.mark.vllm
 
-from tailproof.conformance.cli.main import corpus_paths, main  # noqa: E402
+from tailproof.conformance.cli.main import main  # noqa: E402
+from tailproof.conformance.harness.corpus import corpus_paths  # noqa: E402
 from tailproof.conformance.tools.mutate.apply import StaleMutant, mutated_source  # noqa: E402
 from tailproof.conformance.tools.mutate.catalog import BP, MUTANTS, Mutant  # noqa: E402
 from tailproof.conformance.tools.mutate.run import (  # noqa: E402

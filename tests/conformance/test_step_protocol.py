@@ -11,10 +11,11 @@ from typing import Any
 
 import pytest
 
-from tailproof.conformance.cli.main import corpus_paths, main
+from tailproof.conformance.cli.main import main
 from tailproof.conformance.format.observations import OBSERVES
 from tailproof.conformance.format.step_protocol import observed_problem
 from tailproof.conformance.format.trace import FORMAT_TAG, load_trace, parse_trace
+from tailproof.conformance.harness.corpus import corpus_paths
 from tailproof.conformance.harness.replay import run_trace
 from tailproof.conformance.tools.shrink import _Oracle
 

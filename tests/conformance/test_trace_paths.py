@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from tailproof.conformance.cli.main import corpus_paths, main
+from tailproof.conformance.cli.main import main
 from tailproof.conformance.format import limits
+from tailproof.conformance.harness.corpus import corpus_paths
 
 SMALL = min(corpus_paths(), key=lambda p: p.stat().st_size)
 LIMIT = 4096  # a small limit keeps the oversized inputs small

@@ -7,8 +7,9 @@ import json
 
 import pytest
 
-from tailproof.conformance.cli.main import corpus_paths, main
-from tailproof.conformance.harness.connector_adapter import CONNECTOR_OP_SPECS
+from tailproof.conformance.cli.main import main
+from tailproof.conformance.format.ops import CONNECTOR_OP_SPECS
+from tailproof.conformance.harness.corpus import corpus_paths
 
 pytestmark = pytest.mark.vllm
 vllm = pytest.importorskip("vllm", reason="vLLM 0.33 is not installed in this environment")

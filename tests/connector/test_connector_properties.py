@@ -28,7 +28,7 @@ from strategies import (  # noqa: E402
     connector_trace,
 )
 
-from tailproof.conformance.harness.connector_adapter import CONNECTOR_OPS  # noqa: E402
+from tailproof.conformance.format.ops import CONNECTOR_OPS  # noqa: E402
 from tailproof.conformance.tools.generate import write_case  # noqa: E402
 
 FAILURES = Path(__file__).resolve().parent / "failures"

@@ -14,9 +14,9 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from tailproof.conformance.cli.main import corpus_paths  # noqa: E402
 from tailproof.conformance.format.trace import load_trace, parse_trace  # noqa: E402
 from tailproof.conformance.harness.adapters import make_driver, refusal  # noqa: E402
+from tailproof.conformance.harness.corpus import corpus_paths  # noqa: E402
 from tailproof.conformance.harness.replay import run_trace  # noqa: E402
 
 pytestmark = pytest.mark.vllm

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from proc_tree import alive, children  # noqa: E402
 
-from tailproof.conformance.cli.main import corpus_paths, main
+from tailproof.conformance.cli.main import main
+from tailproof.conformance.harness.corpus import corpus_paths
 
 pytestmark = [pytest.mark.mooncake, pytest.mark.vllm]
 

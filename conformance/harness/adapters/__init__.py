@@ -10,6 +10,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
+from tailproof.conformance.format.connector_config import extension_refusal
 from tailproof.conformance.format.trace import TraceConfig
 from tailproof.conformance.harness.driver import CoreDriver
 
@@ -58,8 +59,6 @@ def refusal(name: str, config: TraceConfig) -> str | None:
     adapters refuse the turn-end checkpoint extension (``docs/reuse.md``) rather than run
     the trace without it. Every adapter refuses sparse state retention: it replays with dense
     retention, which offers boundaries the engine did not keep."""
-    from tailproof.conformance.harness.connector_adapter import extension_refusal
-
     if config.sparse_retention:
         return (f"{name}: config.prefix_cache_retention_interval="
                 f"{config.prefix_cache_retention_interval}: sparse Mamba / sliding-window "

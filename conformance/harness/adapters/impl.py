@@ -37,14 +37,10 @@ from typing import Any
 
 import torch
 
+from tailproof.conformance.format.connector_config import EXTENSION_FIELDS
 from tailproof.conformance.harness.adapters.runner_sim import GroupShape, SimRunner
 from tailproof.conformance.harness.adapters.vllm_core import scheduler_output
-from tailproof.conformance.harness.connector_adapter import (
-    EXTENSION_FIELDS,
-    ConnectorAdapter,
-    batch_obs,
-    job_obs,
-)
+from tailproof.conformance.harness.connector_adapter import ConnectorAdapter, batch_obs, job_obs
 from tailproof.impl.config import Settings, StoreGeometry
 from tailproof.impl.connector import TailproofConnector, build_coordinator
 from tailproof.impl.fingerprint import geometry_fingerprint

@@ -16,6 +16,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from tailproof.conformance.tools.capture_engine.mooncake_ranks import MooncakeRanks
+from tailproof.conformance.tools.capture_engine.workers import WorkerRanks
 from tailproof.spec.arithmetic import lcm_all
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -46,7 +48,7 @@ class CaptureEngine:
         from vllm.v1.core.sched.scheduler import Scheduler
         from vllm.v1.structured_output import StructuredOutputManager
 
-        from tailproof.conformance.tools.capture_engine import tiny_hybrid
+        from tailproof.conformance.tools.capture_engine import tiny_hybrid  # deferred: torch
 
         init_none_hash(sha256)
         tiny_hybrid.register()
@@ -79,13 +81,9 @@ class CaptureEngine:
                                block_size=lcm_all(sizes), hash_block_size=h, log_stats=False)
         self.ranks: Any = None
         if num_workers is not None:
-            from tailproof.conformance.tools.capture_engine.workers import WorkerRanks
-
             # Deferred frees are not modelled by the trace format (docs/triage.md).
             self.sched.defer_block_free = False
             if connector == "mooncake":
-                from tailproof.conformance.tools.capture_engine.mooncake_ranks import MooncakeRanks
-
                 self.ranks = MooncakeRanks(self.sched, self.kv_cache_config, num_workers)
             else:
                 side = self.sched.connector.scheduler_side

@@ -26,6 +26,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from tailproof.conformance.capture.connector_recorder import REFUSALS
+from tailproof.conformance.harness.adapters.vllm_mooncake import LookupClient, store_ranks
+from tailproof.conformance.tools.capture_engine.workers import StepLog
 from tailproof.reference.connector.store import ScriptedStore, StoreRaised, codes_for
 
 _ROLE_OK = ("kv_producer", "kv_both")
@@ -114,8 +116,6 @@ class MooncakeRanks:
     def __init__(self, sched: Any, kv_cache_config: Any, num_workers: int) -> None:
         from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
 
-        from tailproof.conformance.harness.adapters.vllm_mooncake import LookupClient, store_ranks
-
         cs = sched.connector.connector_scheduler
         store_groups = list(kv_cache_config.prefix_cacheable_groups)
         self.store = EmbeddedStore()
@@ -146,8 +146,6 @@ class MooncakeRanks:
             MooncakeStoreWorkerMetadata,
         )
         from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
-
-        from tailproof.conformance.tools.capture_engine.workers import StepLog
 
         meta = so.kv_connector_metadata
         log = StepLog(dict(so.num_scheduled_tokens))

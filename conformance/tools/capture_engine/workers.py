@@ -70,6 +70,7 @@ class WorkerRanks:
         from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
         from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
+        # deferred with vLLM's: the simulated runner imports torch (seconds)
         from tailproof.conformance.harness.adapters.runner_sim import GroupShape, SimRunner
         from tailproof.impl.connector import TailproofConnector
 

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, TextIO
 
 from tailproof.conformance.format.tokens import expand
+from tailproof.conformance.harness.adapters import refusal
 from tailproof.conformance.tools.history.bugs import by_ref
 
 Witness = tuple[int, str]  # (op index, message)
@@ -145,7 +146,6 @@ def _finding(fid: str, ref: str, invariant: str, witnesses: list[tuple[str, str,
 def trace_findings(results: Iterable[Any]) -> list[dict[str, Any]]:
     """One finding per open bug some replayed case exhibits (``CaseResult`` objects)."""
     found: dict[str, list[tuple[str, str, int, str]]] = {}
-    from tailproof.conformance.harness.adapters import refusal
 
     for r in results:
         voice = next((a for a in VLLM_VOICES if r.observations.get(a)), None)

@@ -19,6 +19,10 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+from tailproof.conformance.format.connector_config import extension_on
+from tailproof.conformance.format.trace import load_trace
+from tailproof.conformance.harness.corpus import corpus_paths
+from tailproof.conformance.harness.replay import run_trace
 from tailproof.conformance.tools.mutate.apply import apply_mutant, mutated_source
 from tailproof.conformance.tools.mutate.catalog import Mutant
 
@@ -90,9 +94,6 @@ def applied(m: Mutant) -> Iterator[None]:
 
 def extension_cases() -> list[Any]:
     """The extension cases of the corpus (their config turns the extension on)."""
-    from tailproof.conformance.cli.main import corpus_paths
-    from tailproof.conformance.format.trace import load_trace
-    from tailproof.conformance.harness.connector_adapter import extension_on
 
     traces = [load_trace(p) for p in corpus_paths() if p.name.startswith("conn_")]
     return [t for t in traces if extension_on(t.config.connector)]
@@ -101,8 +102,6 @@ def extension_cases() -> list[Any]:
 def first_kill(traces: list[Any]) -> tuple[str, int, str] | None:
     """The first divergence of ``traces`` on reference vs impl (strict ids), as (case, op
     index, op), or None when every case agrees."""
-    from tailproof.conformance.harness.replay import run_trace
-
     for t in traces:
         r = run_trace(t, ADAPTERS, strict=True)
         if r.divergences:

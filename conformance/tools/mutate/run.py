@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tailproof.conformance.harness.adapters import make_driver
 from tailproof.conformance.tools.mutate.apply import StaleMutant, apply_mutant
 from tailproof.conformance.tools.mutate.catalog import MUTANTS, Mutant, module_label
 from tailproof.conformance.tools.mutate.workload import Job, Workload
@@ -110,8 +111,6 @@ def _relevant(m: Mutant, job: Job) -> bool:
 
 def _replay(m: Mutant, jobs: list[Job]) -> dict[str, Any]:
     """Run in the child: replay until the first observation that differs from the reference."""
-    from tailproof.conformance.harness.adapters import make_driver
-
     run = 0
     for job in jobs:
         if not _relevant(m, job):

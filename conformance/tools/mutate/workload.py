@@ -131,6 +131,7 @@ def build_workload(corpus: list[Path], generated_core: int, generated_connector:
     # ``impl_extension``'s): the vLLM adapters refuse them.
     jobs = [j for j in jobs if refusal(j.adapter, j.config) is None]
     if generated_core:
+        # deferred: the generators need hypothesis, an optional dependency
         from tailproof.conformance.tools.generate import lockstep_trace
 
         for doc in _collect(lockstep_trace(["reference"]), generated_core, "gen-core"):
