@@ -151,7 +151,7 @@ def test_cli_dev_zero_is_fast_and_small() -> None:
     """The console command itself, as the issue ran it: exit 2, one line, bounded RSS."""
     # The peak RSS of this process image (VmHWM): getrusage's ru_maxrss survives exec, so it
     # would report the forking pytest process's size in a full suite run.
-    code = ("import sys; from tailproof.conformance.cli import main; rc = main(sys.argv[1:]); "
+    code = ("import sys; from tailproof.conformance.cli.main import main; rc = main(sys.argv[1:]); "
             "print(next(ln.split()[1] for ln in open('/proc/self/status') "
             "if ln.startswith('VmHWM:')), file=sys.stderr); raise SystemExit(rc)")
     t0 = time.monotonic()

@@ -120,7 +120,7 @@ def test_prove_quick_json() -> None:
 @pytest.mark.slow
 def test_prove_main_full() -> None:
     out = subprocess.run([sys.executable, "-c",
-                          "import sys; from tailproof.conformance.prove_cli import main; "
+                          "import sys; from tailproof.conformance.cli.prove import main; "
                           "sys.exit(main(['--json']))"],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
