@@ -123,7 +123,7 @@ def _report_with_mutation_is_valid(part: dict[str, object]) -> None:
     from tailproof.conformance.harness import report
     from tailproof.conformance.harness.vllm_compat import inspect_vllm
 
-    schema = json.loads((Path(report.__file__).parent / "schema" /
+    schema = json.loads((Path(report.__file__).parents[1] / "schema" /
                          "report.schema.json").read_text())
     for passed in (True, False):
         mutation = {**part, "min_score": 0.95, "passed": passed}
