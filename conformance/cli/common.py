@@ -19,7 +19,6 @@ from tailproof.conformance.format.trace import Trace, TraceError, load_trace
 from tailproof.conformance.harness import report, vllm_compat
 from tailproof.conformance.harness.adapters import ADAPTERS, available
 from tailproof.conformance.harness.errors import DIVERGED, OK, UsageError
-from tailproof.conformance.harness.local_master import LocalMaster
 from tailproof.conformance.harness.netns import enter_loopback_namespace, loopback_only
 from tailproof.conformance.harness.replay import (
     CaseResult,
@@ -160,6 +159,9 @@ def _impl_options(args: argparse.Namespace, adapters: list[str],
         if address:
             _warn_wildcard_listeners()
         else:
+            # deferred: tailproof.impl.stores imports numpy (a tenth of a second at every start)
+            from tailproof.conformance.harness.local_master import LocalMaster
+
             _isolate_network()
             stack.enter_context(_signals_unwind())
             address = stack.enter_context(LocalMaster()).address
