@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+import tailproof.conformance.cli.common as cli_common
 import tailproof.conformance.cli.main as cli
 from tailproof.conformance.harness import netns
 
@@ -21,7 +22,7 @@ from tailproof.conformance.harness import netns
 def _options(master: str | None, store: str) -> dict:  # type: ignore[type-arg]
     args = argparse.Namespace(store=store, mooncake_master=master, device="cpu")
     with contextlib.ExitStack() as stack:
-        return cli._impl_options(args, ["reference", "impl"], stack)
+        return cli_common._impl_options(args, ["reference", "impl"], stack)
 
 
 def test_mooncake_master_warns_of_wildcard_listeners(monkeypatch: pytest.MonkeyPatch,
