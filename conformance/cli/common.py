@@ -16,10 +16,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from tailproof.conformance.format.trace import Trace, TraceError, load_trace
-from tailproof.conformance.harness import report, vllm_compat
+from tailproof.conformance.harness import netns, report, vllm_compat
 from tailproof.conformance.harness.adapters import ADAPTERS, available
 from tailproof.conformance.harness.errors import DIVERGED, OK, UsageError
-from tailproof.conformance.harness.netns import enter_loopback_namespace, loopback_only
 from tailproof.conformance.harness.replay import (
     CaseResult,
     format_divergence,
@@ -118,7 +117,7 @@ def _signals_unwind() -> Iterator[None]:
 def _warn_wildcard_listeners() -> None:
     """``--mooncake-master``: the run joins a master it did not start, so it stays in the
     host's network namespace, where its Mooncake clients' listeners are wildcard (netns.py)."""
-    if loopback_only():  # already in a namespace with only lo: nothing else to reach them
+    if netns.loopback_only():  # already in a namespace with only lo: nothing else to reach them
         return
     print("tailproof: warning: --mooncake-master: this run's Mooncake clients listen on all "
           "interfaces (Mooncake binds them to the wildcard address; only a run that starts "
@@ -129,7 +128,7 @@ def _warn_wildcard_listeners() -> None:
 def _isolate_network() -> None:
     """Mooncake clients listen on every interface whatever they are told: a run that starts
     its own master moves into a private loopback-only network namespace first (root only)."""
-    why = enter_loopback_namespace()
+    why = netns.enter_loopback_namespace()
     if why is not None:
         print(f"tailproof: warning: Mooncake clients of this run listen on all interfaces "
               f"(no private network namespace: {why})", file=sys.stderr)
