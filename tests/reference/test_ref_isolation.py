@@ -30,7 +30,7 @@ def test_import_loads_no_vllm_or_torch() -> None:
 
 def test_no_module_imports_vllm_or_torch() -> None:
     files = [*sorted((ROOT / "reference").glob("*.py")),
-             ROOT / "conformance" / "adapters" / "reference_core.py"]
+             ROOT / "conformance" / "harness" / "adapters" / "reference_core.py"]
     for path in files:
         for node in ast.walk(ast.parse(path.read_text())):
             names: list[str] = []
