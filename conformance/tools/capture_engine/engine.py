@@ -16,8 +16,6 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from tailproof.conformance.tools.capture_engine.mooncake_ranks import MooncakeRanks
-from tailproof.conformance.tools.capture_engine.workers import WorkerRanks
 from tailproof.spec.arithmetic import lcm_all
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -81,6 +79,11 @@ class CaptureEngine:
                                block_size=lcm_all(sizes), hash_block_size=h, log_stats=False)
         self.ranks: Any = None
         if num_workers is not None:
+            # deferred: the ranks pull in the connector adapters and the reference model (a
+            # quarter of a second at every CLI start: the parser lists the capture workloads)
+            from tailproof.conformance.tools.capture_engine.mooncake_ranks import MooncakeRanks
+            from tailproof.conformance.tools.capture_engine.workers import WorkerRanks
+
             # Deferred frees are not modelled by the trace format (docs/triage.md).
             self.sched.defer_block_free = False
             if connector == "mooncake":
