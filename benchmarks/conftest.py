@@ -12,7 +12,7 @@ import pytest
 def master() -> Iterator[Any]:
     """A dedicated ``mooncake_master`` on 127.0.0.1 (skips, naming why, where Mooncake is
     not usable), stopped by PID afterwards."""
-    from tailproof.conformance.local_master import LocalMaster
+    from tailproof.conformance.harness.local_master import LocalMaster
     from tailproof.impl.stores.mooncake import unavailable_reason
 
     reason = unavailable_reason()

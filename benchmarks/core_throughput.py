@@ -14,7 +14,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.core_workload import prepared, prompts, run  # noqa: E402
-from tailproof.conformance.adapters import ADAPTERS, _load  # noqa: E402
+from tailproof.conformance.harness.adapters import ADAPTERS, _load  # noqa: E402
 
 
 def best_of(name: str, reqs: list[list[int]], rounds: int) -> float:

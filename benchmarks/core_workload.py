@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tailproof.conformance.trace import FORMAT_TAG, parse_trace
+from tailproof.conformance.format.trace import FORMAT_TAG, parse_trace
 
 CONFIG: dict[str, Any] = {
     "groups": [{"kind": "full_attention", "block_size": 16},

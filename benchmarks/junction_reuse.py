@@ -83,7 +83,7 @@ def make_scheduler(flag: bool, eagle: bool, num_blocks: int, max_batched: int,
     )
     from vllm.v1.structured_output import StructuredOutputManager
 
-    from tailproof.conformance.capture import tiny_hybrid
+    from tailproof.conformance.tools.capture_engine import tiny_hybrid
 
     init_none_hash(sha256)
     tiny_hybrid.register()

@@ -29,11 +29,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tailproof.conformance.capture.engine import CaptureEngine
 from tailproof.conformance.capture.recorder import Recorder
-from tailproof.conformance.capture.workloads import WORKLOADS
-from tailproof.conformance.replay import run_trace
-from tailproof.conformance.trace import load_trace
+from tailproof.conformance.format.trace import load_trace
+from tailproof.conformance.harness.replay import run_trace
+from tailproof.conformance.tools.capture_engine.engine import CaptureEngine
+from tailproof.conformance.tools.capture_engine.workloads import WORKLOADS
 
 
 class TimedEngine(CaptureEngine):

@@ -12,12 +12,12 @@ import argparse
 import os
 import time
 
-from tailproof.conformance.adapters import ADAPTERS, AdapterSpec
-from tailproof.conformance.adapters.reference_core import ReferenceCoreBackend
 from tailproof.conformance.capture.writer import write_trace
-from tailproof.conformance.cli import CASES_DIR
-from tailproof.conformance.shrink import shrink
-from tailproof.conformance.trace import load_trace
+from tailproof.conformance.format.trace import load_trace
+from tailproof.conformance.harness.adapters import ADAPTERS, AdapterSpec
+from tailproof.conformance.harness.adapters.reference_core import ReferenceCoreBackend
+from tailproof.conformance.harness.corpus import CASES_DIR
+from tailproof.conformance.tools.shrink import shrink
 
 
 class LookupDropsSubBlockHits(ReferenceCoreBackend):

@@ -127,7 +127,7 @@ def run(rounds: int, with_mooncake: bool) -> list[tuple[str, float]]:
 
 def mooncake_rows(chunk: Chunk, rounds: int) -> list[tuple[str, float]]:
     """Mooncake on loopback: this process owns the 512 MiB segment (tcp, memcpy path)."""
-    from tailproof.conformance.local_master import LocalMaster
+    from tailproof.conformance.harness.local_master import LocalMaster
     from tailproof.impl.stores.mooncake import unavailable_reason
 
     os.environ.setdefault("MC_LOG_LEVEL", "ERROR")  # read when the library loads

@@ -17,7 +17,7 @@ REQS = prompts(200)
 
 
 def _backend(name: str):  # noqa: ANN202
-    from tailproof.conformance.adapters import ADAPTERS, _load
+    from tailproof.conformance.harness.adapters import ADAPTERS, _load
 
     return _load(ADAPTERS[name].core)
 

@@ -40,7 +40,7 @@ def copy_seconds(chunk: Chunk) -> float:
 
 @pytest.fixture(scope="module")
 def mooncake_store(chunk: Chunk) -> Iterator[Store]:
-    from tailproof.conformance.local_master import LocalMaster
+    from tailproof.conformance.harness.local_master import LocalMaster
     from tailproof.impl.stores.mooncake import unavailable_reason
 
     reason = unavailable_reason()

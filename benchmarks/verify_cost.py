@@ -124,8 +124,8 @@ def main() -> None:
     secret = b"b" * 32 if args.mac else None
     master = None
     if args.store == "mooncake":
-        from tailproof.conformance.local_master import LocalMaster
-        from tailproof.conformance.netns import enter_loopback_namespace
+        from tailproof.conformance.harness.local_master import LocalMaster
+        from tailproof.conformance.harness.netns import enter_loopback_namespace
 
         enter_loopback_namespace()
         master = LocalMaster().start()

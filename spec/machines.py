@@ -4,7 +4,7 @@
 checks every invariant of :data:`spec.invariants.ALL` after each step; a failure names the
 invariant and hypothesis prints the shrunk action sequence. (The refinement machines, which
 drive an implementation through the conformance backends, live in
-``tailproof.conformance.refinement``: the spec imports nothing from the harness.)
+``tailproof.conformance.harness.refinement``: the spec imports nothing from the harness.)
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ the mutants.
 (counterexample or unknown) or a mutant survived; :func:`print_table` prints it as a table
 (property, method, bound, result, seconds). Each mappable counterexample is handed to the
 ``export`` callback as a :class:`Counterexample`: writing it as a conformance trace is the
-harness's job (``tailproof.conformance.spec_export``), and so is the command line
-(``tailproof.conformance.prove_cli``), so the spec imports nothing of the harness.
+harness's job (``tailproof.conformance.tools.spec_export``), and so is the command line
+(``tailproof.conformance.cli.prove``), so the spec imports nothing of the harness.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """``python -m tailproof`` is the ``tailproof`` command."""
 
-from tailproof.conformance.cli import main
+from tailproof.conformance.cli.main import main
 
 raise SystemExit(main())

@@ -1,3 +1,4 @@
-"""Capture traces from a live vLLM 0.33 engine: the recorder (``recorder``), its vLLM plugin
-(``plugin``), and ``tailproof capture``'s CPU engine (``engine``) and workloads (``workloads``).
+"""Capture traces from a live vLLM 0.33 engine: the recorder (``recorder``) and its vLLM plugin
+(``plugin``), which run inside production engines and need only the trace format.
+``tailproof capture``'s CPU engine and workloads are ``tools/capture_engine/``.
 """

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tailproof.conformance.connector_ops import (
+from tailproof.conformance.format.connector_config import (
     DEVIATION_SWITCHES,
     EXTENSION_FIELDS,
     extension_on,

@@ -101,6 +101,7 @@ def patch_scheduler_class(cls: Any) -> None:
         s = settings(self.vllm_config)
         if s is None:
             return
+        # deferred: the plugin loads in every vLLM process; only engines that record pay
         from tailproof.conformance.capture.recorder import Recorder
 
         self._tailproof_recorder = Recorder.attach(

@@ -46,9 +46,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from tailproof.conformance.capture import connector_recorder
+from tailproof.conformance.capture.connector_config import ConnectorConfigError, connector_config
 from tailproof.conformance.capture.op_builder import OpBuilder
 from tailproof.conformance.capture.writer import BackgroundWriter, TraceWriter
-from tailproof.conformance.trace import FORMAT_TAG
+from tailproof.conformance.format.trace import FORMAT_TAG
 
 RECORDER_VERSION = "tailproof-recorder/2"
 #: ops queued on the step path before they are handed to the writer thread (at a step end)
@@ -124,11 +126,6 @@ def provenance(scheduler: Any, redacted: bool) -> dict[str, Any]:
                            "tailproof": tailproof_version, "connector": connector,
                            "redacted": redacted}
     if connector is not None:
-        from tailproof.conformance.capture.connector_config import (
-            ConnectorConfigError,
-            connector_config,
-        )
-
         try:
             doc["connector_config"] = connector_config(scheduler.vllm_config,
                                                        getattr(scheduler, "connector", None))
@@ -200,8 +197,6 @@ class Recorder:
         connector's calls and their store runs are then recorded as connector ops."""
         config = config_from_scheduler(scheduler)
         if workers is not None:
-            from tailproof.conformance.capture.connector_config import connector_config
-
             conn = connector_config(scheduler.vllm_config, getattr(scheduler, "connector", None))
             if conn is None:
                 raise RecorderUnsupported("workers: the engine has no KV connector")
@@ -216,8 +211,6 @@ class Recorder:
         rec = cls(scheduler, TraceWriter(path, header, max_bytes), redact=redact,
                   compact=compact, config=config)
         if workers is not None:
-            from tailproof.conformance.capture import connector_recorder
-
             connector_recorder.install(rec, workers, store_plan)
         rec.install()
         if workers is not None:

@@ -1,4 +1,4 @@
-"""Write token lists in the compact trace notation (``conformance/tokens.py`` reads it back).
+"""Write token lists in the compact trace notation (``conformance/format/tokens.py`` reads it back).
 
 A prompt that repeats the start of an earlier prompt becomes ``{"prompt_of": A, "n": k}``;
 the rest is run-length coded: runs of one value as ``{"fill": v, "n": k}``, runs of

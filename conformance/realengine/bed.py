@@ -213,6 +213,7 @@ class Bed:
 
     def __init__(self, spec: EngineSpec | None = None, *, model_dir: str | Path | None = None,
                  start_timeout: float = START_TIMEOUT_S) -> None:
+        # deferred: the model imports torch and vLLM (seconds); the bed's parent needs neither
         from tailproof.conformance.realengine.model import write_model_dir
 
         self.spec = spec or EngineSpec()

@@ -27,6 +27,7 @@ class TestBedPlatform(CpuPlatform):
     @classmethod
     def import_kernels(cls) -> None:
         """Register the ``_C`` ops this path calls (``ops``); the wheel has no CPU kernels."""
+        # deferred: torch, and vLLM calls this once its platform is chosen
         from tailproof.conformance.realengine import ops
 
         ops.register()

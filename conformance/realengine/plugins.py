@@ -37,6 +37,7 @@ def register_model() -> None:
         return
     from vllm import ModelRegistry
 
+    # deferred: vLLM loads this plugin in every process; the model imports torch and vLLM
     from tailproof.conformance.realengine.model import ARCH, TailproofTestBedHybridForCausalLM
 
     if ARCH not in ModelRegistry.get_supported_archs():

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tailproof.conformance.errors import UsageError
+from tailproof.conformance.harness.errors import UsageError
 from tailproof.conformance.realengine import bed as tb
 from tailproof.conformance.realengine import oracle
 

@@ -27,7 +27,8 @@ ROLES = {"producer": "kv_producer", "consumer": "kv_consumer", "both": "kv_both"
 
 @dataclass(frozen=True)
 class ConnectorConfig:
-    """Trace config key ``connector`` after validation (see ``conformance/connector_ops.py``)."""
+    """Trace config key ``connector`` after validation (see
+    ``conformance/format/connector_config.py``)."""
 
     role: str = "producer"  # producer | consumer | both
     num_workers: int = 1

@@ -1,6 +1,6 @@
 """Which model action sequences map to conformance traces (the pure half of the exporter).
 
-The trace writer itself is ``tailproof.conformance.spec_export``: writing trace ops is the
+The trace writer itself is ``tailproof.conformance.tools.spec_export``: writing trace ops is the
 harness's job, so the spec imports nothing from it: ``tailproof.spec.prove.run`` hands each
 counterexample to an ``export`` callback, which ``prove --export`` fills with the writer.
 """

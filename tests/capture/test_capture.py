@@ -11,11 +11,12 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from tailproof.conformance.capture.run import CaptureError, capture  # noqa: E402
 from tailproof.conformance.capture.writer import join_segments  # noqa: E402
-from tailproof.conformance.cli import CASES_DIR, main  # noqa: E402
-from tailproof.conformance.replay import run_trace  # noqa: E402
-from tailproof.conformance.trace import load_trace, parse_trace  # noqa: E402
+from tailproof.conformance.cli.main import main  # noqa: E402
+from tailproof.conformance.format.trace import load_trace, parse_trace  # noqa: E402
+from tailproof.conformance.harness.corpus import CASES_DIR  # noqa: E402
+from tailproof.conformance.harness.replay import run_trace  # noqa: E402
+from tailproof.conformance.tools.capture_engine.run import CaptureError, capture  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 

@@ -14,7 +14,7 @@ from tailproof.conformance.capture.connector_config import (
     ConnectorConfigError,
     connector_config,
 )
-from tailproof.conformance.connector_ops import validate_connector_config
+from tailproof.conformance.format.connector_config import validate_connector_config
 
 
 def _vllm_config(connector: str | None = "TailproofConnector", role: str = "kv_both",
@@ -72,8 +72,8 @@ def test_unexpressible_configs_name_the_field(kwargs: dict[str, Any], field: str
 @pytest.mark.vllm
 def test_recorder_on_a_connector_engine_names_what_it_leaves_out(tmp_path: Path) -> None:
     pytest.importorskip("vllm")
-    from tailproof.conformance.capture.engine import CaptureEngine
     from tailproof.conformance.capture.recorder import Recorder
+    from tailproof.conformance.tools.capture_engine.engine import CaptureEngine
 
     engine = CaptureEngine(num_blocks=64, kv_transfer={
         "kv_connector": "TailproofConnector",

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "impl"))
 from engine_sim import Engine  # noqa: E402
 
 from tailproof.conformance.capture.recorder import Recorder  # noqa: E402
-from tailproof.conformance.cli import main  # noqa: E402
+from tailproof.conformance.cli.main import main  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 

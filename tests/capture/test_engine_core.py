@@ -31,7 +31,7 @@ SCRIPT = textwrap.dedent("""
     from vllm.sampling_params import SamplingParams
     from vllm.v1.engine.core import EngineCore
     from vllm.v1.request import Request
-    from tailproof.conformance.capture import tiny_hybrid
+    from tailproof.conformance.tools.capture_engine import tiny_hybrid
     import sim_executor
 
     tiny_hybrid.register()
@@ -84,8 +84,8 @@ def test_recorder_in_engine_core(tmp_path: Path) -> None:
     assert doc["provenance"]["recorder"] == "tailproof-recorder/2"
     assert doc["config"]["groups"][0]["kind"] == "full_attention"
     assert any(op["op"] == "lookup" and op["expect"]["hit"] > 0 for op in doc["ops"])
-    from tailproof.conformance.replay import run_trace
-    from tailproof.conformance.trace import load_trace
+    from tailproof.conformance.format.trace import load_trace
+    from tailproof.conformance.harness.replay import run_trace
 
     result = run_trace(load_trace(out), ["reference", "vllm"], strict=True)
     assert result.divergences == []

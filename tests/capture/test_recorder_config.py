@@ -39,7 +39,7 @@ def _scheduler(num_spec: int, retention: int | None = None) -> SimpleNamespace:
 @pytest.mark.parametrize("num_spec", [0, 2])
 def test_config_records_speculative_blocks(num_spec: int) -> None:
     from tailproof.conformance.capture.recorder import config_from_scheduler
-    from tailproof.conformance.trace import FORMAT_TAG, parse_trace
+    from tailproof.conformance.format.trace import FORMAT_TAG, parse_trace
 
     cfg = config_from_scheduler(_scheduler(num_spec))
     assert cfg["groups"][1].get("num_speculative_blocks", 0) == num_spec
@@ -51,9 +51,14 @@ def test_config_records_speculative_blocks(num_spec: int) -> None:
 @pytest.mark.parametrize("retention", [None, 0, 32])
 def test_config_records_sparse_retention_and_every_adapter_refuses_it(
         retention: int | None) -> None:
-    from tailproof.conformance.adapters import ADAPTERS, AdapterRefused, make_driver, refusal
     from tailproof.conformance.capture.recorder import config_from_scheduler
-    from tailproof.conformance.trace import FORMAT_TAG, parse_trace
+    from tailproof.conformance.format.trace import FORMAT_TAG, parse_trace
+    from tailproof.conformance.harness.adapters import (
+        ADAPTERS,
+        AdapterRefused,
+        make_driver,
+        refusal,
+    )
 
     cfg = config_from_scheduler(_scheduler(0, retention))
     assert cfg.get("prefix_cache_retention_interval") == retention
@@ -77,7 +82,7 @@ def test_config_records_sparse_retention_and_every_adapter_refuses_it(
 ])
 def test_retention_interval_is_validated(value: object, msg: str) -> None:
     from tailproof.conformance.capture.recorder import config_from_scheduler
-    from tailproof.conformance.trace import FORMAT_TAG, TraceError, parse_trace
+    from tailproof.conformance.format.trace import FORMAT_TAG, TraceError, parse_trace
 
     cfg = {**config_from_scheduler(_scheduler(0)), "prefix_cache_retention_interval": value}
     with pytest.raises(TraceError, match=f"config.prefix_cache_retention_interval: {msg}"):
@@ -85,7 +90,7 @@ def test_retention_interval_is_validated(value: object, msg: str) -> None:
 
 
 def test_retention_interval_needs_a_sliding_window_or_mamba_group() -> None:
-    from tailproof.conformance.trace import FORMAT_TAG, TraceError, parse_trace
+    from tailproof.conformance.format.trace import FORMAT_TAG, TraceError, parse_trace
 
     cfg = {"groups": [{"kind": "full_attention", "block_size": 16}], "hash_block_size": 16,
            "num_blocks": 8}

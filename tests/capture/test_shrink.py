@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from tailproof.conformance.adapters import ADAPTERS, AdapterSpec
-from tailproof.conformance.adapters.reference_core import ReferenceCoreBackend
-from tailproof.conformance.cli import CASES_DIR, main
-from tailproof.conformance.replay import run_trace
-from tailproof.conformance.shrink import shrink
-from tailproof.conformance.trace import load_trace
+from tailproof.conformance.cli.main import main
+from tailproof.conformance.format.trace import load_trace
+from tailproof.conformance.harness.adapters import ADAPTERS, AdapterSpec
+from tailproof.conformance.harness.adapters.reference_core import ReferenceCoreBackend
+from tailproof.conformance.harness.corpus import CASES_DIR
+from tailproof.conformance.harness.replay import run_trace
+from tailproof.conformance.tools.shrink import shrink
 
 MIXED = CASES_DIR / "cap_mixed_fa16-m16-h4.json"
 
@@ -48,7 +49,7 @@ def test_shrink_seeded_divergence_to_20_ops(broken: str) -> None:
 
 
 def load_trace_doc(doc: dict) -> object:
-    from tailproof.conformance.trace import parse_trace
+    from tailproof.conformance.format.trace import parse_trace
 
     return parse_trace(json.loads(json.dumps(doc)), "<shrunk>")
 
@@ -68,7 +69,7 @@ def test_shrink_json_follows_the_command_schema(broken: str,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
     import jsonschema
 
-    from tailproof.conformance.cli import CASES_DIR as cases
+    from tailproof.conformance.harness.corpus import CASES_DIR as cases
 
     rc = main(["shrink", str(MIXED), "--against", f"reference,{broken}", "--strict-ids",
                "--json"])

@@ -7,7 +7,7 @@ import random
 
 from tailproof.conformance.capture.redact import Redactor
 from tailproof.conformance.capture.tokens import PrefixIndex, run_length
-from tailproof.conformance.tokens import expand
+from tailproof.conformance.format.tokens import expand
 
 H = 4
 

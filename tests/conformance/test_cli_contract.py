@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from tailproof.conformance import cli, vllm_compat
-from tailproof.conformance.cli import main
+import tailproof.conformance.cli.main as cli
+from tailproof.conformance.cli.main import main
+from tailproof.conformance.harness import vllm_compat
 
 GOOD: dict[str, Any] = {
     "format": "tailproof-trace/1",

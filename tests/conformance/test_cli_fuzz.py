@@ -23,8 +23,9 @@ from typing import Any
 
 import pytest
 
-from tailproof.conformance.cli import corpus_paths, main
-from tailproof.conformance.ops import all_op_specs
+from tailproof.conformance.cli.main import main
+from tailproof.conformance.format.ops import all_op_specs
+from tailproof.conformance.harness.corpus import corpus_paths
 
 N_MUTATIONS = 2000
 SEED = 20261130

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from tailproof.conformance.cli import corpus_paths, main
+from tailproof.conformance.cli.main import main
+from tailproof.conformance.harness.corpus import corpus_paths
 
 jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is not installed "
                                  "(requirements/dev.txt pins it)")
@@ -92,7 +93,7 @@ def test_check_json_pipes_into_json_load() -> None:
 
 
 def _installed_vllm() -> str:
-    from tailproof.conformance.vllm_compat import detect
+    from tailproof.conformance.harness.vllm_compat import detect
 
     return str(detect().version)
 

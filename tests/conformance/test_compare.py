@@ -1,6 +1,6 @@
 """Loose comparison renames block ids by first appearance; strict compares them exactly."""
 
-from tailproof.conformance.compare import Renamer, subset_match
+from tailproof.conformance.format.compare import Renamer, subset_match
 
 
 def test_renaming_is_by_first_appearance_and_keeps_null() -> None:
@@ -32,7 +32,7 @@ def test_loose_expectations_rename_only_the_fields_they_pin() -> None:
     """An adapter that observes ids in a field the expectation leaves out (a captured trace's
     connector op pins only ``free``) is renamed over the pinned fields only, as the
     expectation is: the same ids then agree, a different pattern still diverges."""
-    from tailproof.conformance.compare import project
+    from tailproof.conformance.format.compare import project
 
     expects = [{"free": 4}, {"blocks": [[3, 8]]}]
     observed = [{"free": 4, "pins": [8]}, {"blocks": [[3, 8]], "hit": 2}]

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tailproof.conformance.adapters import available
-from tailproof.conformance.generate import LockstepDivergence, lockstep_trace, write_case
+from tailproof.conformance.harness.adapters import available
+from tailproof.conformance.tools.generate import LockstepDivergence, lockstep_trace, write_case
 
 pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm", reason="vLLM 0.33 is not installed in this environment")
@@ -54,7 +54,7 @@ def test_generated_traces_cover_every_core_op(capsys: pytest.CaptureFixture[str]
 
     from hypothesis import Phase
 
-    from tailproof.conformance.ops import CORE_OPS
+    from tailproof.conformance.format.ops import CORE_OPS
 
     coverage: Counter[str] = Counter()
 

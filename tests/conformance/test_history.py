@@ -13,19 +13,20 @@ import pytest
 pytest.importorskip("vllm", reason="vLLM 0.33 is not installed in this environment")
 pytestmark = pytest.mark.vllm
 
-from tailproof.conformance.cli import CASES_DIR, main  # noqa: E402
-from tailproof.conformance.history import findings as hf  # noqa: E402
-from tailproof.conformance.history.bugs import (  # noqa: E402
+from tailproof.conformance.cli.main import main  # noqa: E402
+from tailproof.conformance.format.trace import load_trace, parse_trace  # noqa: E402
+from tailproof.conformance.harness.corpus import CASES_DIR  # noqa: E402
+from tailproof.conformance.harness.replay import run_trace  # noqa: E402
+from tailproof.conformance.tools.history import findings as hf  # noqa: E402
+from tailproof.conformance.tools.history.bugs import (  # noqa: E402
     BUGS,
     FIXED,
     PRESENT,
     STATUSES,
     by_ref,
 )
-from tailproof.conformance.history.verify import case_ops, verify_bug  # noqa: E402
-from tailproof.conformance.mutate.catalog import MUTANTS  # noqa: E402
-from tailproof.conformance.replay import run_trace  # noqa: E402
-from tailproof.conformance.trace import load_trace, parse_trace  # noqa: E402
+from tailproof.conformance.tools.history.verify import case_ops, verify_bug  # noqa: E402
+from tailproof.conformance.tools.mutate.catalog import MUTANTS  # noqa: E402
 
 #: The bugs issue 21 lists, in its order.
 ISSUE_21 = ["vllm#49502", "vllm#52832", "vllm#51358", "vllm#50359", "vllm#51766", "vllm#43559",
@@ -131,7 +132,7 @@ def test_history_unknown_bug_is_bad_input(capsys: pytest.CaptureFixture[str]) ->
 def test_history_reports_a_surviving_mutant(monkeypatch: pytest.MonkeyPatch,
                                             tmp_path: Path) -> None:
     """A named case that no longer kills its mutant turns the row (and the exit) red."""
-    from tailproof.conformance.history import verify
+    from tailproof.conformance.tools.history import verify
 
     b = by_ref("49502")
     # The 52832 case with its finish op dropped cannot see the finish-time tail at all.

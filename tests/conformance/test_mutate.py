@@ -14,10 +14,11 @@ import pytest
 pytest.importorskip("vllm", reason="vLLM 0.33 is not installed in this environment")
 pytestmark = pytest.mark.vllm
 
-from tailproof.conformance.cli import corpus_paths, main  # noqa: E402
-from tailproof.conformance.mutate.apply import StaleMutant, mutated_source  # noqa: E402
-from tailproof.conformance.mutate.catalog import BP, MUTANTS, Mutant  # noqa: E402
-from tailproof.conformance.mutate.run import (  # noqa: E402
+from tailproof.conformance.cli.main import main  # noqa: E402
+from tailproof.conformance.harness.corpus import corpus_paths  # noqa: E402
+from tailproof.conformance.tools.mutate.apply import StaleMutant, mutated_source  # noqa: E402
+from tailproof.conformance.tools.mutate.catalog import BP, MUTANTS, Mutant  # noqa: E402
+from tailproof.conformance.tools.mutate.run import (  # noqa: E402
     BROKEN,
     KILLED,
     STALE,
@@ -25,7 +26,7 @@ from tailproof.conformance.mutate.run import (  # noqa: E402
     run_mutants,
     select,
 )
-from tailproof.conformance.mutate.workload import build_workload  # noqa: E402
+from tailproof.conformance.tools.mutate.workload import build_workload  # noqa: E402
 
 #: The fixed CI sample: every k-th mutant of the catalog (the corpus alone, no generated traces).
 CI_SAMPLE = 16
@@ -119,10 +120,10 @@ def _report_with_mutation_is_valid(part: dict[str, object]) -> None:
     """``check --mutate --json``: the score joins the report as ``mutation`` (schema-valid,
     its time under ``timings``; a score below the minimum is its own result)."""
     jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is not installed")
-    from tailproof.conformance import report
-    from tailproof.conformance.vllm_compat import inspect_vllm
+    from tailproof.conformance.harness import report
+    from tailproof.conformance.harness.vllm_compat import inspect_vllm
 
-    schema = json.loads((Path(report.__file__).parent / "schema" /
+    schema = json.loads((Path(report.__file__).parents[1] / "schema" /
                          "report.schema.json").read_text())
     for passed in (True, False):
         mutation = {**part, "min_score": 0.95, "passed": passed}

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from tailproof.conformance.cli import CASES_DIR, main
+from tailproof.conformance.cli.main import main
+from tailproof.conformance.harness.corpus import CASES_DIR
 from tailproof.reference import managers
 
 pytestmark = pytest.mark.vllm

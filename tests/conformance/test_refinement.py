@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from tailproof.conformance.refinement import RefinementMachine, VllmRefinementMachine
+from tailproof.conformance.harness.refinement import RefinementMachine, VllmRefinementMachine
 
 #: the spec tests' ``ci`` profile (tests/spec/conftest.py), pinned here so that this file
 #: alone and the whole suite run the same examples

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from tailproof.conformance.cli import corpus_paths, main
+from tailproof.conformance.cli.main import main
+from tailproof.conformance.harness.corpus import corpus_paths
 
 pytestmark = pytest.mark.vllm
 vllm = pytest.importorskip("vllm", reason="vLLM 0.33 is not installed in this environment")

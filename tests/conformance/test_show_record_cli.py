@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tailproof.conformance.cli import CASES_DIR, main
+from tailproof.conformance.cli.main import main
+from tailproof.conformance.harness.corpus import CASES_DIR
 
 CASE = CASES_DIR / "core_c01_producer_subblock_tail.json"
 

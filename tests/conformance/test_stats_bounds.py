@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from tailproof.conformance import stats
-from tailproof.conformance.cli import main
+from tailproof.conformance.cli.main import main
+from tailproof.conformance.tools import stats
 
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n"
 

@@ -1,4 +1,4 @@
-"""The step protocol (conformance/step_protocol.py): every break is exit 2 naming the op, in
+"""The step protocol (conformance/format/step_protocol.py): every break is exit 2 naming the op, in
 ``validate`` and ``replay`` alike; ``replay`` and ``shrink`` also judge it with the outcomes
 of the allocations they ran; the table of observed keys matches what the adapters observe."""
 
@@ -11,12 +11,13 @@ from typing import Any
 
 import pytest
 
-from tailproof.conformance.cli import corpus_paths, main
-from tailproof.conformance.observations import OBSERVES
-from tailproof.conformance.replay import run_trace
-from tailproof.conformance.shrink import _Oracle
-from tailproof.conformance.step_protocol import observed_problem
-from tailproof.conformance.trace import FORMAT_TAG, load_trace, parse_trace
+from tailproof.conformance.cli.main import main
+from tailproof.conformance.format.observations import OBSERVES
+from tailproof.conformance.format.step_protocol import observed_problem
+from tailproof.conformance.format.trace import FORMAT_TAG, load_trace, parse_trace
+from tailproof.conformance.harness.corpus import corpus_paths
+from tailproof.conformance.harness.replay import run_trace
+from tailproof.conformance.tools.shrink import _Oracle
 
 BASE: dict[str, Any] = {
     "format": FORMAT_TAG, "name": "p",
@@ -132,7 +133,7 @@ def test_in_process_parse_stays_permissive() -> None:
 def test_observed_keys_table_covers_every_observation() -> None:
     """Every key the reference adapter observes on the corpus, and every key the corpus
     expects, is in the loader's table (and the table names no op that does not exist)."""
-    from tailproof.conformance.ops import all_op_specs
+    from tailproof.conformance.format.ops import all_op_specs
 
     assert set(OBSERVES) == set(all_op_specs())
     seen: dict[str, set[str]] = {}

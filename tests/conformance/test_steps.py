@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from tailproof.conformance.lockstep import Lockstep, LockstepDivergence, replay_lockstep
-from tailproof.conformance.steps import Steps, op
+from tailproof.conformance.harness.lockstep import Lockstep, LockstepDivergence, replay_lockstep
+from tailproof.conformance.harness.steps import Steps, op
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = {"groups": [{"kind": "full_attention", "block_size": 2},

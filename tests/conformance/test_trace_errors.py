@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from tailproof.conformance.cli import main
-from tailproof.conformance.trace import FORMAT_TAG
+from tailproof.conformance.cli.main import main
+from tailproof.conformance.format.trace import FORMAT_TAG
 
 GOOD: dict[str, Any] = {
     "format": FORMAT_TAG,
@@ -99,7 +99,7 @@ def test_unknown_adapter_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[st
 
 
 def test_compact_tokens_expand(tmp_path: Path) -> None:
-    from tailproof.conformance.trace import parse_trace
+    from tailproof.conformance.format.trace import parse_trace
 
     doc = copy.deepcopy(GOOD)
     doc["ops"].append({"op": "add_request", "rid": "b",
@@ -110,7 +110,7 @@ def test_compact_tokens_expand(tmp_path: Path) -> None:
 
 
 def test_request_id_reuse_needs_free() -> None:
-    from tailproof.conformance.trace import TraceError, parse_trace
+    from tailproof.conformance.format.trace import TraceError, parse_trace
 
     doc = copy.deepcopy(GOOD)
     doc["ops"].append({"op": "add_request", "rid": "a", "tokens": [1]})
@@ -140,7 +140,7 @@ def _step_order_doc(commit_after_worker: bool) -> dict[str, Any]:
 def test_step_order_failed_allocation_is_not_awaited() -> None:
     """A request whose allocation failed is never committed: a worker may run after the
     step's commits (a generated trace with a failed admission loads)."""
-    from tailproof.conformance.trace import TraceError, parse_trace
+    from tailproof.conformance.format.trace import TraceError, parse_trace
 
     parse_trace(_step_order_doc(commit_after_worker=False))
     with pytest.raises(TraceError, match=r"ops\[6\]\.op: worker_run before the commit of 'a'"):

@@ -1,4 +1,4 @@
-"""The trace size limit holds for every kind of path (conformance/trace_file.py): a regular
+"""The trace size limit holds for every kind of path (conformance/format/trace_file.py): a regular
 file, a pipe (``<(cmd)``), a FIFO and a device; each bad one is exit 2 with one line, in
 bounded time and memory, for every subcommand that loads traces."""
 
@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from tailproof.conformance import limits
-from tailproof.conformance.cli import corpus_paths, main
+from tailproof.conformance.cli.main import main
+from tailproof.conformance.format import limits
+from tailproof.conformance.harness.corpus import corpus_paths
 
 SMALL = min(corpus_paths(), key=lambda p: p.stat().st_size)
 LIMIT = 4096  # a small limit keeps the oversized inputs small
@@ -146,7 +147,7 @@ def test_cli_dev_zero_is_fast_and_small() -> None:
     """The console command itself, as the issue ran it: exit 2, one line, bounded RSS."""
     # The peak RSS of this process image (VmHWM): getrusage's ru_maxrss survives exec, so it
     # would report the forking pytest process's size in a full suite run.
-    code = ("import sys; from tailproof.conformance.cli import main; rc = main(sys.argv[1:]); "
+    code = ("import sys; from tailproof.conformance.cli.main import main; rc = main(sys.argv[1:]); "
             "print(next(ln.split()[1] for ln in open('/proc/self/status') "
             "if ln.startswith('VmHWM:')), file=sys.stderr); raise SystemExit(rc)")
     p = subprocess.run([sys.executable, "-c", code, "validate", "/dev/zero"],

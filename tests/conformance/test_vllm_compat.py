@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tailproof.conformance import vllm_compat as vc
+from tailproof.conformance.harness import vllm_compat as vc
 
 
 def test_source_tree_detected_with_its_version(tmp_path: Path,

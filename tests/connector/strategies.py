@@ -1,7 +1,7 @@
 """Hypothesis strategy: mixed core + connector traces run on vLLM 0.33 + Mooncake and on the
-reference in lockstep (``tailproof.conformance.lockstep``), with scripted store failures.
+reference in lockstep (``tailproof.conformance.harness.lockstep``), with scripted store failures.
 
-Each trace follows the scheduler's order per step (``tailproof.conformance.steps``: running
+Each trace follows the scheduler's order per step (``tailproof.conformance.harness.steps``: running
 chunks, admissions through the connector lookup, hand-off/copy drains, ``conn_step``,
 commits), with random decodes, finishes (``conn_finish`` + ``free``), preemptions, worker runs
 with scripted put outcomes, partial reports and lookups. The first op whose observations
@@ -15,10 +15,10 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from tailproof.conformance.generate import FA, SW, Geometry, M, geometry_config, prompt_tokens
-from tailproof.conformance.lockstep import Lockstep as Run
-from tailproof.conformance.lockstep import LockstepDivergence as ConnectorDivergence
-from tailproof.conformance.steps import Steps, op
+from tailproof.conformance.harness.lockstep import Lockstep as Run
+from tailproof.conformance.harness.lockstep import LockstepDivergence as ConnectorDivergence
+from tailproof.conformance.harness.steps import Steps, op
+from tailproof.conformance.tools.generate import FA, SW, Geometry, M, geometry_config, prompt_tokens
 
 __all__ = ["WINDOW_GEOMETRIES", "ConnectorDivergence", "Run", "connector_trace"]
 

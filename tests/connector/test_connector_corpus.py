@@ -7,8 +7,9 @@ import json
 
 import pytest
 
-from tailproof.conformance.cli import corpus_paths, main
-from tailproof.conformance.connector_ops import CONNECTOR_OP_SPECS
+from tailproof.conformance.cli.main import main
+from tailproof.conformance.format.ops import CONNECTOR_OP_SPECS
+from tailproof.conformance.harness.corpus import corpus_paths
 
 pytestmark = pytest.mark.vllm
 vllm = pytest.importorskip("vllm", reason="vLLM 0.33 is not installed in this environment")
@@ -51,12 +52,14 @@ def test_connector_corpus_replays_without_divergence(capsys: pytest.CaptureFixtu
 
 
 def _extension_cases() -> set[str]:
-    """The turn-end checkpoint extension's cases (``tests/connector/cases_reuse.py``)."""
+    """The turn-end checkpoint extension's cases
+    (``conformance/tools/authoring/reuse_cases.py``)."""
     return {p.stem for p in corpus_paths() if p.name.startswith("conn_x")}
 
 
 def _pin_rule_cases() -> set[str]:
-    """tailproof's pin rules' cases (``tests/connector/cases_pins.py``): not in vLLM 0.33."""
+    """tailproof's pin rules' cases (``conformance/tools/authoring/pins_cases.py``): not in
+    vLLM 0.33."""
     return {p.stem for p in corpus_paths() if p.name.startswith("conn_rp")}
 
 

@@ -28,8 +28,8 @@ from strategies import (  # noqa: E402
     connector_trace,
 )
 
-from tailproof.conformance.connector_ops import CONNECTOR_OPS  # noqa: E402
-from tailproof.conformance.generate import write_case  # noqa: E402
+from tailproof.conformance.format.ops import CONNECTOR_OPS  # noqa: E402
+from tailproof.conformance.tools.generate import write_case  # noqa: E402
 
 FAILURES = Path(__file__).resolve().parent / "failures"
 EXAMPLES = int(os.environ.get("TAILPROOF_CONN_EXAMPLES", "400"))

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from tailproof.conformance.cli import corpus_paths, main
+from tailproof.conformance.cli.main import main
+from tailproof.conformance.harness.corpus import corpus_paths
 
 
 def test_reference_matches_recorded_vllm_observations(capsys: pytest.CaptureFixture[str]) -> None:

@@ -8,12 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from tailproof.conformance.connector_ops import (
-    CONNECTOR_OP_SPECS,
-    validate_connector_config,
-)
-from tailproof.conformance.ops import all_op_specs
-from tailproof.conformance.trace import FORMAT_TAG, TraceError, parse_trace
+from tailproof.conformance.format.connector_config import validate_connector_config
+from tailproof.conformance.format.ops import CONNECTOR_OP_SPECS, all_op_specs
+from tailproof.conformance.format.trace import FORMAT_TAG, TraceError, parse_trace
 from tailproof.reference.connector.config import StoreGeometry
 from tailproof.reference.connector.lookup import arbitrate
 from tailproof.reference.connector.meta import BoundaryPut, ReqMeta

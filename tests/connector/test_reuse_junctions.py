@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from tailproof.conformance.adapters import AdapterRefused, make_driver, refusal
-from tailproof.conformance.connector_ops import extension_on, validate_connector_config
-from tailproof.conformance.trace import FORMAT_TAG, TraceError, parse_trace
+from tailproof.conformance.format.connector_config import extension_on, validate_connector_config
+from tailproof.conformance.format.trace import FORMAT_TAG, TraceError, parse_trace
+from tailproof.conformance.harness.adapters import AdapterRefused, make_driver, refusal
 from tailproof.reference.connector.config import ConnectorConfig, StoreGeometry
 from tailproof.reference.connector.junctions import Junctions, PromptIndex
 

@@ -1,5 +1,5 @@
 """The reuse extension's seeded mutants (turn-end and junction checkpoints) in ``tailproof.impl``
-(``conformance/mutate/impl_extension.py``) are each killed by an extension case replayed on
+(``conformance/tools/mutate/impl_extension.py``) are each killed by an extension case replayed on
 ``reference,impl`` with strict ids, and the unmutated impl agrees with the reference."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from tailproof.conformance.adapters import make_driver
+from tailproof.conformance.harness.adapters import make_driver
 
 pytestmark = pytest.mark.vllm
 vllm = pytest.importorskip("vllm", reason="vLLM 0.33 is not installed in this environment")
 
-from tailproof.conformance.mutate.impl_extension import (  # noqa: E402
+from tailproof.conformance.tools.mutate.impl_extension import (  # noqa: E402
     MUTANTS,
     applied,
     extension_cases,
@@ -76,7 +76,7 @@ def test_mutant_stores_wrong_bytes(mutant: Any, traces: list[Any]) -> None:
 def test_mutate_cli_scores_the_extension_mutants(capsys: pytest.CaptureFixture[str]) -> None:
     import json
 
-    from tailproof.conformance.cli import main
+    from tailproof.conformance.cli.main import main
 
     assert main(["mutate", "--extension", "--list"]) == 0
     listed = capsys.readouterr().out

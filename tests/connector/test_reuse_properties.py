@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from strategies import EXTENSION_GEOMETRIES, ConnectorDivergence, Run, connector_trace  # noqa: E402
 
-from tailproof.conformance.generate import write_case  # noqa: E402
+from tailproof.conformance.tools.generate import write_case  # noqa: E402
 
 FAILURES = Path(__file__).resolve().parent / "failures"
 EXAMPLES = int(os.environ.get("TAILPROOF_REUSE_EXAMPLES", "60"))

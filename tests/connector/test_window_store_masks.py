@@ -75,9 +75,9 @@ def test_masks_match_vllm_coordinator(geometry: Any) -> None:
     """The reference masks equal ``MooncakeStoreCoordinator``'s over vLLM's real specs, for
     every lcm-aligned save end and every saved offset below it."""
     pytest.importorskip("vllm", reason="vLLM 0.33 is not installed in this environment")
-    from tailproof.conformance.adapters.vllm_core import VllmCoreBackend
-    from tailproof.conformance.generate import geometry_config
-    from tailproof.conformance.trace import parse_trace
+    from tailproof.conformance.format.trace import parse_trace
+    from tailproof.conformance.harness.adapters.vllm_core import VllmCoreBackend
+    from tailproof.conformance.tools.generate import geometry_config
     from tailproof.impl.config import StoreGeometry as ImplGeometry
     from tailproof.impl.connector import build_coordinator
 

@@ -3,7 +3,7 @@
 ``mooncake_master`` (session) yields the address ``"127.0.0.1:PORT"`` of one master shared by the
 session; ``mooncake_master_factory`` starts dedicated masters (``LocalMaster`` objects) for tests
 that kill, freeze or restart theirs. Every master binds 127.0.0.1 on free ports and is stopped by
-its PID (SIGTERM, then SIGKILL), never by name (see ``tailproof.conformance.local_master``).
+its PID (SIGTERM, then SIGKILL), never by name (see ``tailproof.conformance.harness.local_master``).
 Tests needing Mooncake skip, naming what is missing, only when the ``mooncake`` package or
 ``libibverbs.so.1`` is missing; any other problem fails loudly.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tailproof.conformance.local_master import LocalMaster
+from tailproof.conformance.harness.local_master import LocalMaster
 from tailproof.impl.stores import StoreError
 
 # Before any Mooncake client starts: never advertise a non-loopback address, keep glog quiet.

@@ -20,9 +20,9 @@ from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from tailproof.conformance.capture import engine as capture_engine  # noqa: E402
-from tailproof.conformance.capture import tiny_hybrid  # noqa: E402
-from tailproof.conformance.capture.workers import StepLog, WorkerRanks  # noqa: E402
+from tailproof.conformance.tools.capture_engine import engine as capture_engine  # noqa: E402
+from tailproof.conformance.tools.capture_engine import tiny_hybrid  # noqa: E402
+from tailproof.conformance.tools.capture_engine.workers import StepLog, WorkerRanks  # noqa: E402
 
 __all__ = ["GROUPS", "Engine", "StepLog", "cache_block_size", "kv_cache_config", "vllm_config"]
 

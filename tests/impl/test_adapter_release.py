@@ -14,10 +14,10 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from tailproof.conformance.adapters import make_driver, refusal  # noqa: E402
-from tailproof.conformance.cli import corpus_paths  # noqa: E402
-from tailproof.conformance.replay import run_trace  # noqa: E402
-from tailproof.conformance.trace import load_trace, parse_trace  # noqa: E402
+from tailproof.conformance.format.trace import load_trace, parse_trace  # noqa: E402
+from tailproof.conformance.harness.adapters import make_driver, refusal  # noqa: E402
+from tailproof.conformance.harness.corpus import corpus_paths  # noqa: E402
+from tailproof.conformance.harness.replay import run_trace  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 

@@ -14,13 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from tailproof.conformance import cli, netns
+import tailproof.conformance.cli.common as cli_common
+import tailproof.conformance.cli.main as cli
+from tailproof.conformance.harness import netns
 
 
 def _options(master: str | None, store: str) -> dict:  # type: ignore[type-arg]
     args = argparse.Namespace(store=store, mooncake_master=master, device="cpu")
     with contextlib.ExitStack() as stack:
-        return cli._impl_options(args, ["reference", "impl"], stack)
+        return cli_common._impl_options(args, ["reference", "impl"], stack)
 
 
 def test_mooncake_master_warns_of_wildcard_listeners(monkeypatch: pytest.MonkeyPatch,
@@ -43,8 +45,8 @@ def test_mooncake_master_warns_of_wildcard_listeners(monkeypatch: pytest.MonkeyP
 def test_capture_unwinds_on_sigterm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                     capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("vllm")
-    from tailproof.conformance.capture import engine as engine_mod
-    from tailproof.conformance.capture import run as run_mod
+    from tailproof.conformance.tools.capture_engine import engine as engine_mod
+    from tailproof.conformance.tools.capture_engine import run as run_mod
 
     if threading.current_thread() is not threading.main_thread():
         pytest.skip("signal handlers need the main thread")

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tailproof.conformance.cli import main
+from tailproof.conformance.cli.main import main
 
 prometheus_client = pytest.importorskip("prometheus_client",
                                         reason="prometheus_client (a vLLM dependency) missing")

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from proc_tree import alive, children  # noqa: E402
 
-from tailproof.conformance.cli import corpus_paths, main
+from tailproof.conformance.cli.main import main
+from tailproof.conformance.harness.corpus import corpus_paths
 
 pytestmark = [pytest.mark.mooncake, pytest.mark.vllm]
 
@@ -61,8 +62,8 @@ def test_memory_store_and_given_master(mooncake_master: str,
 # the test signals the CLI exactly when the master is up, instead of polling the process tree.
 ANNOUNCING_CLI = textwrap.dedent("""
     import os, sys
-    from tailproof.conformance import local_master
-    from tailproof.conformance.cli import main
+    from tailproof.conformance.harness import local_master
+    from tailproof.conformance.cli.main import main
 
     start = local_master.LocalMaster.start
 

@@ -11,10 +11,10 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from tailproof.conformance.adapters import impl as impl_adapter  # noqa: E402
-from tailproof.conformance.adapters import make_driver  # noqa: E402
-from tailproof.conformance.replay import run_trace  # noqa: E402
-from tailproof.conformance.trace import load_trace  # noqa: E402
+from tailproof.conformance.format.trace import load_trace  # noqa: E402
+from tailproof.conformance.harness.adapters import impl as impl_adapter  # noqa: E402
+from tailproof.conformance.harness.adapters import make_driver  # noqa: E402
+from tailproof.conformance.harness.replay import run_trace  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from tailproof.conformance.adapters.runner_sim import GroupShape, SimRunner
+from tailproof.conformance.harness.adapters.runner_sim import GroupShape, SimRunner
 from tailproof.impl.config import Settings, StoreGeometry, geometry_from_vllm
 from tailproof.impl.fingerprint import Fingerprint, check_tensors, fingerprint_from_vllm
 from tailproof.impl.keys import KeySpace, parse_key
@@ -49,7 +49,7 @@ def _model(**kw: Any) -> Any:
     """A real ``ModelConfig`` of the tiny model (vLLM resolves ``hf_overrides`` into it)."""
     from vllm.config import ModelConfig
 
-    from tailproof.conformance.capture import tiny_hybrid
+    from tailproof.conformance.tools.capture_engine import tiny_hybrid
 
     tiny_hybrid.register()
     return ModelConfig(model=str(tiny_hybrid.MODEL_DIR), skip_tokenizer_init=True,

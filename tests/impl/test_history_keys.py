@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("vllm", reason="vLLM 0.33 is not installed in this environment")
 pytestmark = pytest.mark.vllm
 
-from tailproof.conformance.history.findings import keys_ignore_layout  # noqa: E402
+from tailproof.conformance.tools.history.findings import keys_ignore_layout  # noqa: E402
 from tailproof.impl.config import geometry_from_vllm  # noqa: E402
 from tailproof.impl.fingerprint import fingerprint_from_vllm  # noqa: E402
 

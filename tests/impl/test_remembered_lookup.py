@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("vllm", reason="vLLM 0.33 is not installed in this environment")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from tailproof.conformance.capture.engine import kv_cache_config  # noqa: E402
+from tailproof.conformance.tools.capture_engine.engine import kv_cache_config  # noqa: E402
 from tailproof.impl.config import Settings, StoreGeometry  # noqa: E402
 from tailproof.impl.connector import build_coordinator  # noqa: E402
 from tailproof.impl.keys import KeySpace  # noqa: E402

@@ -14,7 +14,7 @@ import pytest
 import torch
 from worker_geometry import GEO, HASHES, NB, SHAPES, TOKENS, H
 
-from tailproof.conformance.adapters.runner_sim import SimRunner
+from tailproof.conformance.harness.adapters.runner_sim import SimRunner
 from tailproof.impl.config import Settings
 from tailproof.impl.meta import BoundaryPut, LoadJob, StoreJob, TailKeyBoundary, TailproofMeta
 from tailproof.impl.stores import MemoryStore, Store, make_store

@@ -6,7 +6,7 @@ import pytest
 import torch
 from worker_geometry import GEO, HASHES, NB, SHAPES, TOKENS
 
-from tailproof.conformance.adapters.runner_sim import GroupShape, SimRunner
+from tailproof.conformance.harness.adapters.runner_sim import GroupShape, SimRunner
 from tailproof.impl.config import Settings
 from tailproof.impl.kv_layout import KVLayout, block_view
 from tailproof.impl.meta import (

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tailproof.conformance.adapters.runner_sim import GroupShape
+from tailproof.conformance.harness.adapters.runner_sim import GroupShape
 from tailproof.impl.config import StoreGeometry
 
 H, BS, NB = 4, 16, 32

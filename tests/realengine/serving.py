@@ -32,7 +32,7 @@ def kv_transfer_config(store: dict[str, Any], policy: str = "recompute") -> dict
 
 
 def free_port() -> int:
-    from tailproof.conformance.local_master import free_port as fp
+    from tailproof.conformance.harness.local_master import free_port as fp
 
     return fp()
 

@@ -41,7 +41,7 @@ def case(prompts: list[list[int]], truth: list[tuple[int, ...]]
 
 @pytest.fixture(scope="module")
 def master(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from tailproof.conformance.local_master import LocalMaster
+    from tailproof.conformance.harness.local_master import LocalMaster
     from tailproof.impl.stores.mooncake import unavailable_reason
 
     reason = unavailable_reason()

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tailproof.conformance import cli
+import tailproof.conformance.cli.main as cli
 from tailproof.conformance.realengine import bed as tb
 from tailproof.conformance.realengine import smoke
 
@@ -60,7 +60,7 @@ def test_smoke_passes_on_a_real_mooncake_master(capsys: pytest.CaptureFixture[st
                                                 tmp_path: Any) -> None:
     """The check a deployment runs: the user's Mooncake store (a real master on 127.0.0.1),
     all four passes equal the truth and the store-hit pass is served from the store."""
-    from tailproof.conformance.local_master import LocalMaster
+    from tailproof.conformance.harness.local_master import LocalMaster
     from tailproof.impl.stores.mooncake import unavailable_reason
 
     reason = unavailable_reason()

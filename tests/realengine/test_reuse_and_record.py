@@ -80,7 +80,7 @@ def test_extension_outputs_equal_and_more_tokens_from_the_store(runs: dict[str, 
 def test_recorded_trace_carries_the_connector_and_the_core(runs: dict[str, Any]) -> None:
     """``TAILPROOF_RECORD`` in the real engine writes a trace with the core's and, its worker
     living in the engine core's process, the connector's ops (``plugin.in_process_workers``)."""
-    from tailproof.conformance.trace import load_trace
+    from tailproof.conformance.format.trace import load_trace
 
     path: Path = runs["trace"]
     assert path.exists(), "the engine wrote no trace"
@@ -93,8 +93,8 @@ def test_recorded_trace_carries_the_connector_and_the_core(runs: dict[str, Any])
 def test_core_trace_replays_on_reference_and_vllm(runs: dict[str, Any]) -> None:
     """Recorded without a connector: the trace replays with 0 divergences on the reference and
     on vLLM 0.33's own ``KVCacheManager``."""
-    from tailproof.conformance.replay import run_trace
-    from tailproof.conformance.trace import load_trace
+    from tailproof.conformance.format.trace import load_trace
+    from tailproof.conformance.harness.replay import run_trace
 
     trace = load_trace(runs["core_trace"])
     assert len(trace.ops) > 100
@@ -105,8 +105,8 @@ def test_core_trace_replays_on_reference_and_vllm(runs: dict[str, Any]) -> None:
 def test_recorded_trace_replays(runs: dict[str, Any]) -> None:
     """The engine's own trace replays with 0 divergences on the reference and, as it carries
     the connector's ops, on ``impl``."""
-    from tailproof.conformance.replay import run_trace
-    from tailproof.conformance.trace import load_trace
+    from tailproof.conformance.format.trace import load_trace
+    from tailproof.conformance.harness.replay import run_trace
 
     result = run_trace(load_trace(runs["trace"]), ["reference", "impl"], strict=True)
     assert result.refused == {} and result.divergences == []

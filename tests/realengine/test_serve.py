@@ -78,7 +78,7 @@ def test_completions_equal_the_ground_truth_cold_and_from_the_store(
 
 def _gets(srv: Server) -> int:
     """Keys the connector has read from the store (``tailproof stats``' reading of /metrics)."""
-    from tailproof.conformance.stats import parse, summary
+    from tailproof.conformance.tools.stats import parse, summary
 
     return int(summary(parse(srv.get_text("/metrics")))["gets"]["keys"])
 
@@ -87,7 +87,7 @@ def test_metrics_and_tailproof_stats(served: Served) -> None:
     srv = served.srv
     text = srv.get_text("/metrics")
     assert "vllm:tailproof_" in text
-    res = subprocess.run([sys.executable, "-m", "tailproof.conformance.cli", "stats", srv.url,
+    res = subprocess.run([sys.executable, "-m", "tailproof.conformance.cli.main", "stats", srv.url,
                           "--json", "--timeout", "30"], capture_output=True, text=True,
                          timeout=120, check=False)
     assert res.returncode == 0, res.stderr
@@ -126,6 +126,6 @@ def test_reset_with_a_running_request_over_http(served: Served) -> None:
 
 def _event(srv: Server, name: str) -> int:
     """A ``vllm:tailproof_events_total`` count, summed over the engine's series."""
-    from tailproof.conformance.stats import parse
+    from tailproof.conformance.tools.stats import parse
 
     return int(parse(srv.get_text("/metrics"))["events"].get(name, 0))

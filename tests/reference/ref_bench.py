@@ -15,7 +15,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: benchmarks/
 
 from benchmarks.core_workload import add_all, run  # noqa: E402
-from tailproof.conformance.trace import GroupConfig, TraceConfig  # noqa: E402
+from tailproof.conformance.format.trace import GroupConfig, TraceConfig  # noqa: E402
 
 
 def bench_config(mamba_block: int = 64, num_blocks: int = 1024) -> TraceConfig:
@@ -45,8 +45,8 @@ def compare(n: int = 2000, length: int = 200, identical: bool = False,
             mamba_block: int = 64, repeats: int = 3) -> tuple[float, float]:
     """(reference seconds, vllm seconds) on the same workload, each the best of ``repeats``
     interleaved runs (the machine may be shared)."""
-    from tailproof.conformance.adapters.reference_core import ReferenceCoreBackend
-    from tailproof.conformance.adapters.vllm_core import VllmCoreBackend
+    from tailproof.conformance.harness.adapters.reference_core import ReferenceCoreBackend
+    from tailproof.conformance.harness.adapters.vllm_core import VllmCoreBackend
 
     cfg = bench_config(mamba_block)
     prompts = workload(n, length, identical)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tailproof.conformance.steps import Op, Steps
-from tailproof.conformance.trace import FORMAT_TAG
+from tailproof.conformance.format.trace import FORMAT_TAG
+from tailproof.conformance.harness.steps import Op, Steps
 
 FA2_M4_H2 = {
     "groups": [
@@ -32,7 +32,7 @@ def trace(name: str, config: dict[str, Any], ops: list[dict[str, Any]]) -> dict[
 
 def chunk(rid: str, expect: dict[str, Any] | None = None, *,
           first: bool = False) -> list[dict[str, Any]]:
-    """One scheduler step for ``rid`` (``tailproof.conformance.steps``): plan, allocate,
+    """One scheduler step for ``rid`` (``tailproof.conformance.harness.steps``): plan, allocate,
     drain (hand-offs, copies; the retention is kept), commit; ``expect`` pins the allocated
     blocks, the copies and retention, and the hand-offs."""
     ops: list[Op] = []

@@ -4,6 +4,6 @@ from __future__ import annotations
 
 
 def vllm_backend_class():  # noqa: ANN201
-    from tailproof.conformance.adapters.vllm_core import VllmCoreBackend
+    from tailproof.conformance.harness.adapters.vllm_core import VllmCoreBackend
 
     return VllmCoreBackend

@@ -32,8 +32,8 @@ def test_chaos_traces_agree_with_vllm(seed: int) -> None:
 
 
 def test_conformance_core_cases_agree_with_vllm() -> None:
-    from tailproof.conformance.replay import run_trace
-    from tailproof.conformance.trace import load_trace
+    from tailproof.conformance.format.trace import load_trace
+    from tailproof.conformance.harness.replay import run_trace
 
     paths = sorted(glob.glob(str(ROOT / "conformance" / "cases" / "core_*.json")))
     if not paths:

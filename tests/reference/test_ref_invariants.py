@@ -9,9 +9,9 @@ from collections import Counter
 import pytest
 from ref_fuzz import gen_chaos_trace, gen_trace
 
-from tailproof.conformance.adapters import make_driver
-from tailproof.conformance.driver import CoreDriver
-from tailproof.conformance.trace import parse_trace
+from tailproof.conformance.format.trace import parse_trace
+from tailproof.conformance.harness.adapters import make_driver
+from tailproof.conformance.harness.driver import CoreDriver
 
 
 def check_invariants(driver: CoreDriver) -> None:

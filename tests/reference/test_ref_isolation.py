@@ -19,7 +19,7 @@ def test_import_loads_no_vllm_or_torch() -> None:
         "import tailproof.reference.block_pool, tailproof.reference.coordinator\n"
         "import tailproof.reference.kv_manager, tailproof.reference.managers\n"
         "import tailproof.reference.scheduler_split\n"
-        "import tailproof.conformance.adapters.reference_core\n"
+        "import tailproof.conformance.harness.adapters.reference_core\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('vllm', 'torch'))\n"
         "print(','.join(bad))\n"
     )
@@ -30,7 +30,7 @@ def test_import_loads_no_vllm_or_torch() -> None:
 
 def test_no_module_imports_vllm_or_torch() -> None:
     files = [*sorted((ROOT / "reference").glob("*.py")),
-             ROOT / "conformance" / "adapters" / "reference_core.py"]
+             ROOT / "conformance" / "harness" / "adapters" / "reference_core.py"]
     for path in files:
         for node in ast.walk(ast.parse(path.read_text())):
             names: list[str] = []

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from ref_scenarios import all_scenarios
 
-from tailproof.conformance.adapters import make_driver
-from tailproof.conformance.compare import subset_match
-from tailproof.conformance.trace import parse_trace
+from tailproof.conformance.format.compare import subset_match
+from tailproof.conformance.format.trace import parse_trace
+from tailproof.conformance.harness.adapters import make_driver
 
 SCENARIOS = all_scenarios()
 

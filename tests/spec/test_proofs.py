@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tailproof.conformance.spec_export import to_trace
+from tailproof.conformance.tools.spec_export import to_trace
 from tailproof.spec.model import Config
 from tailproof.spec.proofs.bmc import bmc, replay
 from tailproof.spec.proofs.export import mappable
@@ -79,7 +79,7 @@ def test_unmutated_model_runs_counterexample_paths_cleanly() -> None:
 
 
 def test_exported_traces_current_and_loadable() -> None:
-    from tailproof.conformance.trace import load_trace
+    from tailproof.conformance.format.trace import load_trace
 
     files = sorted(CASES.glob("spec_*.json"))
     assert len(files) >= len(EXPORTED)
@@ -120,7 +120,7 @@ def test_prove_quick_json() -> None:
 @pytest.mark.slow
 def test_prove_main_full() -> None:
     out = subprocess.run([sys.executable, "-c",
-                          "import sys; from tailproof.conformance.prove_cli import main; "
+                          "import sys; from tailproof.conformance.cli.prove import main; "
                           "sys.exit(main(['--json']))"],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]

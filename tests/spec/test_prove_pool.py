@@ -43,7 +43,7 @@ def test_pool_report_equals_one_process() -> None:
 
 def test_ctrl_c_stops_the_workers() -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tailproof.conformance.cli", "prove", "--jobs", "2"],
+        [sys.executable, "-m", "tailproof.conformance.cli.main", "prove", "--jobs", "2"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
         # a runner started from a backgrounded shell has SIGINT ignored (see test_cli_store)
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))

@@ -13,7 +13,7 @@ import ipaddress
 
 import pytest
 
-from tailproof.conformance import netns
+from tailproof.conformance.harness import netns
 from tailproof.impl.stores import make_store
 
 

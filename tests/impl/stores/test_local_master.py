@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tailproof.conformance.local_master import LocalMaster
+from tailproof.conformance.harness.local_master import LocalMaster
 
 
 def test_log_goes_to_a_private_folder_removed_afterwards(mooncake_available: None) -> None:

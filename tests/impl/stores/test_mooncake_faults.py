@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 from storetest_helpers import MIB, mooncake_config, pattern, wait_until
 
-from tailproof.conformance.local_master import LocalMaster
+from tailproof.conformance.harness.local_master import LocalMaster
 from tailproof.impl.stores import Status, Store, StoreError, make_store
 
 Factory = Callable[..., LocalMaster]  # the mooncake_master_factory fixture

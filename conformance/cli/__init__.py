@@ -1,0 +1,1 @@
+"""The ``tailproof`` command line: ``main`` builds the parser, one module per command."""
