@@ -11,6 +11,7 @@ import signal
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
@@ -200,6 +201,14 @@ def _print_divergences(results: list[CaseResult], out: TextIO, per_case: int | N
             print(file=out)
 
 
+def _refusal_label(why: str) -> str:
+    """``config.connector.X is on: ...`` -> ``X (not in vLLM 0.33)``; other reasons whole."""
+    if why.startswith("config.") and " is " in why:
+        key = why.split(" is ", 1)[0].rsplit(".", 1)[-1]
+        return f"{key} (not in vLLM 0.33)" if "not in vLLM 0.33" in why else key
+    return why
+
+
 def _print_refusals(results: list[CaseResult], out: TextIO) -> None:
     """One line per adapter that refused cases (``adapters.refusal``): how many, and why."""
     refused: dict[str, list[str]] = {}
@@ -207,7 +216,11 @@ def _print_refusals(results: list[CaseResult], out: TextIO) -> None:
         for a, why in r.refused.items():
             refused.setdefault(a, []).append(why)
     for a, whys in refused.items():
-        print(f"not run on {a}: {len(whys)} case(s) ({whys[0].split(': ', 1)[-1]})", file=out)
+        # One count per distinct reason (a corpus mixes extension and pin-rule cases); a
+        # config switch is named by its key, the full sentence is in the JSON report.
+        by_reason = Counter(_refusal_label(w.split(": ", 1)[-1]) for w in whys)
+        reasons = "; ".join(f"{n} {why}" for why, n in by_reason.most_common())
+        print(f"not run on {a}: {len(whys)} case(s) ({reasons})", file=out)
 
 
 def _vllm_line(info: vllm_compat.VllmInfo) -> str:
