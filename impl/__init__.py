@@ -1,2 +1,2 @@
-"""The production connector: ``tailproof.impl.connector.TailproofConnector`` (see the README's
-"Deploy in vLLM" and docs/impl.md) and the stores behind it (``tailproof.impl.stores``)."""
+"""The production connector: ``tailproof.impl.connector.TailproofConnector`` (see
+docs/deploy.md and docs/impl.md) and the stores behind it (``tailproof.impl.stores``)."""

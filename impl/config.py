@@ -41,7 +41,7 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class Settings:
-    """``kv_connector_extra_config`` after validation (every key: README, "Deploy in vLLM")."""
+    """``kv_connector_extra_config`` after validation (every key: docs/deploy.md, "Flags")."""
 
     kv_role: str = "kv_both"
     store: str = "memory"
@@ -466,7 +466,7 @@ def resolve_reuse_extension(settings: Settings, geo: StoreGeometry, vllm_config:
             errors += [f"{key}=true is not supported here: {w} (docs/reuse.md, Limits)"
                        for w in why]
             if key in NEEDS_PARTIAL_HITS and not geo.partial_hits:
-                # README ("Deploy in vLLM"): without partial hash hits a checkpoint lands on
+                # docs/deploy.md ("Flags"): without partial hash hits a checkpoint lands on
                 # the lcm, where vLLM 0.33's own store already saves: true is a mistake
                 errors.append(f"{key}=true needs partial hash hits (hash_block_size below "
                               "the lcm of the group block sizes; docs/reuse.md)")

@@ -105,7 +105,7 @@ class EngineSpec:
 
 def tailproof_connector(extra: dict[str, Any] | None = None, *, role: str = "kv_both",
                         failure_policy: str = "recompute") -> dict[str, Any]:
-    """A ``kv_transfer_config`` naming ``TailproofConnector`` (README, "Deploy in vLLM")."""
+    """A ``kv_transfer_config`` naming ``TailproofConnector`` (docs/deploy.md)."""
     return {
         "kv_connector": "TailproofConnector",
         "kv_connector_module_path": "tailproof.impl.connector",

@@ -70,7 +70,7 @@ def parse_config(text: str) -> dict[str, Any]:
         parse_settings(extra, cfg["kv_role"])
     except ConfigError as e:
         raise UsageError(f"{src}: " + "; ".join(e.problems),
-                         "correct kv_connector_extra_config (README, \"Deploy in vLLM\")") from None
+                         "correct kv_connector_extra_config (docs/deploy.md, \"Flags\")") from None
     return cfg
 
 
@@ -87,7 +87,7 @@ def _start_error(e: tb.BedError) -> UsageError | None:
     problems = re.findall(r"^\s+- (.+)$", text.split("invalid TailproofConnector configuration",
                                                      1)[1], flags=re.M)
     return UsageError("the connector refused to start in vLLM: " + "; ".join(problems[:4]),
-                      "correct --kv-transfer-config (README, \"Deploy in vLLM\")")
+                      "correct --kv-transfer-config (docs/deploy.md, \"Flags\")")
 
 
 def run(ktc: dict[str, Any], *, max_tokens: int = oracle.MAX_TOKENS,

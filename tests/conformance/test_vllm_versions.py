@@ -1,6 +1,6 @@
 """The suite against vLLM 0.32.0 (an overlay folder built by scripts/vllm_overlay.sh, put
 first on PYTHONPATH): the vLLM-backed adapters are refused with exit 2 naming the version and
-the changed API; the reference adapter still runs the whole corpus. The README's
+the changed API; the reference adapter still runs the whole corpus. docs/ci.md's
 compatibility table states this result."""
 
 from __future__ import annotations
