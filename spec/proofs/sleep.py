@@ -1,0 +1,150 @@
+"""Sleep sets for the bounded search: which engine action commutes with which worker action.
+
+The bounded search (:mod:`spec.proofs.bmc`) reaches most states twice along a *diamond*: a
+worker rank's store step ``w`` (``run_job``, ``report``) and an engine step ``x`` that neither
+reads nor writes what ``w`` touches reach ``s.x.w == s.w.x``. Breadth-first, both corners are
+generated. A sleep set (Godefroid, "Partial-Order Methods for the Verification of Concurrent
+Systems", LNCS 1032, 1996, ch. 5) skips the second: after ``s --w--> t``, the engine actions
+that were explored at ``s`` before ``w`` and commute with ``w`` there *sleep* at ``t`` (``t.x``
+is ``s.x.w``, reached through ``s.x``). Sleep sets prune transitions, never states: the search
+visits exactly the states (orbits) it visited without them, each at the same BFS depth, so the
+bound ``K`` and every state the invariants are checked on are unchanged
+(``tests/spec/test_sleep.py`` compares the visited states with and without, per instance).
+
+**Why no state is lost (BFS with merging, bounded depth).** ``sleep(t)`` is the intersection,
+over every edge ``(s, a)`` from the previous layer that reaches ``t``'s orbit, of
+``Z(s, a) = {x in sleep(s) or explored at s before a : x commutes with a at s}``; a sleeping
+action is not explored. Take any orbit ``u`` at depth ``k <= K`` and, among the length-``k``
+paths reaching it (all shortest, so the i-th state of each is at depth ``i``), the one whose
+action sequence is lexicographically least (by each state's ``enabled()`` order). Suppose its
+i-th action ``x`` sleeps at its (i-1)-th state ``q``. The path's edge into ``q`` is explored (by
+induction on ``i``) and discovers ``q``, so ``x`` is in its ``Z``: ``x`` commutes with the
+edge's action ``a`` at the state before, and was explored there before ``a`` (then swapping
+``a, x`` gives a lexicographically smaller path of the same length to ``u``) or slept there
+(repeat one edge back; the initial state's sleep set is empty, so some earlier position gives the
+smaller path). Either way a contradiction: every action of that path is explored, so ``u`` is
+reached at depth ``k``. With the symmetry reduction (:mod:`spec.symmetry`) the same argument
+runs on orbits; it needs a sleeping action to mean the same thing at every member of an orbit,
+so only actions that name no block, rank or job (every engine action but ``evict``) ever sleep.
+A pruned transition's target is a state the search checks anyway; its transient result (the
+lookup of ``schedule``, the outcome of ``reset``: invariants I9, I10, I19) equals the one of the
+commuting edge that is explored, because the worker action changes nothing they read.
+
+**The independence relation** (read/write sets of :mod:`spec.model`'s actions; a pair is
+declared only where neither writes what the other reads or writes, or both only add to one set,
+which gives the diamond, and neither disables the other). Worker actions at ``s``:
+
+* ``run_job j r error`` and a ``report j r`` that is not the job's last only add ``r`` to job
+  ``j``'s ``ran`` (whatever the gate, liveness or store say: ``error`` stores nothing) or
+  ``reported``; nothing but the same rank's alternatives on ``j`` reads those, so they commute
+  with every other action (two reports of one job reach the same unpin in either order).
+* ``run_job j r ok|full`` reads job ``j``, its request's ``epoch``, ``pressure``/``skip``, the
+  store and the ``content`` of its put blocks, and writes ``ran``, the store, ``pressure`` and
+  ``skip``. No engine action reads or writes the store, ``pressure``, ``skip`` or an existing
+  job (new jobs are new keys); ``preempt`` writes an ``epoch`` and ``execute`` writes
+  ``content``, so it commutes with every engine action but ``execute`` and a ``preempt`` of its
+  own request; with the last report of another job (``ref``, the free queue, ``keys``); and with
+  an ``ok`` of another rank while no pressure is on (both store on their own rank only, neither
+  gated, both leave the pressure off).
+* the last ``report j r`` also unpins (``free_blocks``: ``ref``, the free queue; it reads the
+  ``keys`` of the blocks it frees): it commutes with ``begin_step``, ``execute``, an ``evict`` of
+  a block the job does not pin, and the worker actions above.
+* engine actions: ``evict b`` and ``evict b'`` (``b != b'``) strip disjoint keys.
+
+The reduction is used on the unmutated :class:`spec.model.State` only (a mutant overrides rules,
+so its read/write sets are not these), and a test checks every declared pair on every state of a
+bounded search of each instance of ``tailproof prove``: both orders reach the same state and
+the same transient result, and each action stays enabled after the other.
+
+**Names.** A sleeping action must mean the same at every member of an orbit, so it is stored
+by a name built from the renaming that gave the state's fingerprint
+(:func:`spec.symmetry.canonical`): an ``evict`` by the block's canonical id, a worker action by
+its job's canonical form and the rank's canonical image (no name, so never asleep, when two of
+the state's jobs have one canonical form); the other engine actions name no block, rank or job.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: the worker ranks' actions: each names a job and a rank
+WORKER = frozenset({"run_job", "report"})
+
+#: engine actions that name no block, rank or job
+_PLAIN = frozenset({"begin_step", "schedule", "preempt", "end_schedule", "execute", "finish",
+                    "reset", "release"})
+#: the engine actions a run_job ok/full commutes with (``preempt``: of another request)
+_RUN_JOB = frozenset({"begin_step", "schedule", "end_schedule", "finish", "evict", "reset",
+                      "release"})
+
+
+def _kind(s: Any, a: tuple) -> str:
+    """A worker action's class at ``s``: ``add`` (only adds its rank to one of the job's sets),
+    ``put`` (a run_job that may store or mark pressure), ``unpin`` (the job's last report)."""
+    if a[0] == "run_job":
+        return "add" if a[3] == "error" else "put"
+    j = s.jobs[a[1]]
+    return "add" if len(j.reported) + 1 < s.cfg.workers else "unpin"
+
+
+def commutes(s: Any, a: tuple, x: tuple) -> bool:
+    """Whether actions ``a`` and ``x`` (distinct, both enabled at ``s``) commute there
+    (``s.a.x == s.x.a``, the same transient result, neither disables the other)."""
+    wa, wx = a[0] in WORKER, x[0] in WORKER
+    if not wa and not wx:
+        return a[0] == x[0] == "evict"
+    if not wa:
+        a, x, wa, wx = x, a, wx, wa
+    ka = _kind(s, a)
+    if wx:
+        if a[1:3] == x[1:3]:
+            return False  # one rank's alternatives on one job
+        kx = _kind(s, x)
+        if ka == "add" or kx == "add":
+            return True
+        if ka == "put" and kx == "put":
+            return a[3] == x[3] == "ok" and a[2] != x[2] and not s.pressure and not s.skip
+        return ka != kx  # a put and another job's last report; never two unpins
+    if ka == "add":
+        return True
+    if ka == "put":
+        if x[0] == "preempt":
+            return x[1] != s.jobs[a[1]].rid
+        return x[0] in _RUN_JOB
+    if x[0] == "evict":
+        return x[1] not in s.jobs[a[1]].ids
+    return x[0] in ("begin_step", "execute")
+
+
+def name(s: Any, a: tuple, lab: list[int], ren: tuple[int, ...]) -> tuple | None:
+    """``a``'s name at ``s``, the same at every state of its orbit (``lab``, ``ren``: the
+    renaming of :func:`spec.symmetry.canonical`), or None (never asleep)."""
+    if a[0] in _PLAIN:
+        return a
+    if a[0] == "evict":
+        return ("evict", lab[a[1]])
+    key = _job_key(s, a[1], lab, ren)
+    if key is None or sum(_job_key(s, k, lab, ren) == key for k in s.jobs) > 1:
+        return None
+    rank = ren[1 << a[2]].bit_length() - 1
+    return (a[0], key, rank, *a[3:])
+
+
+def _job_key(s: Any, jid: int, lab: list[int], ren: tuple[int, ...]) -> tuple | None:
+    """Job ``jid`` as the fingerprint shows it (blocks and rank sets renamed)."""
+    j = s.jobs.get(jid)
+    if j is None:
+        return None
+    return (j.rid, j.epoch, tuple([lab[b] for b in j.ids]),
+            tuple([(g, p, lab[b]) for g, p, b in j.puts]), s.executed - j.fence,
+            ren[_bits(j.ran)], ren[_bits(j.reported)], j.released)
+
+
+def _bits(ranks: frozenset[int]) -> int:
+    return sum(1 << r for r in ranks)
+
+
+def passed_on(s: Any, a: tuple, asleep: list[tuple], before: list[tuple]) -> list[tuple]:
+    """``Z(s, a)``: the actions that sleep at ``s.a`` (from this edge), concrete: those asleep
+    at ``s`` or enumerated at ``s`` before ``a`` that commute with ``a`` there."""
+    return [x for x in (*asleep, *before) if commutes(s, a, x)]
