@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from ..invariants import TRANSIENT, check
 from ..model import Config, State
 from ..symmetry import canonical, rank_automorphisms, rename_ranks
-from .sleep import name, passed_on
+from .sleep import names as action_names
+from .sleep import passed_on
 
 
 @dataclass
@@ -122,7 +123,10 @@ def _search(cfg: Config, depth: int, max_states: int, deadline_s: float | None,
         layer: dict[tuple, int] = {}  # states new in this layer -> index in nxt
         for s, fp, names, lab, ren in frontier:
             acts = s.enabled()
-            asleep = [a for a in acts if name(s, a, lab, ren) in names] if names else []
+            asleep = []
+            if names:
+                asleep = [a for a, n in zip(acts, action_names(s, acts, lab, ren), strict=True)
+                          if n in names]
             before: list[tuple] = []  # the actions enumerated at s so far
             autos = rank_automorphisms(s) if symmetry else []
             done: set[tuple] = set()  # actions taken at s (for the rank automorphisms)
@@ -179,7 +183,10 @@ def _search(cfg: Config, depth: int, max_states: int, deadline_s: float | None,
 def _asleep_after(s: State, act: tuple, asleep: list[tuple], before: list[tuple], t: State,
                   lab: list[int], ren: tuple[int, ...]) -> frozenset:
     """The names, at ``t = s.act``, of the actions this edge puts to sleep there."""
-    out = {name(t, x, lab, ren) for x in passed_on(s, act, asleep, before)}
+    z = passed_on(s, act, asleep, before)
+    if not z:
+        return frozenset()
+    out = set(action_names(t, z, lab, ren))
     out.discard(None)
     return frozenset(out)
 

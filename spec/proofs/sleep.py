@@ -119,25 +119,43 @@ def commutes(s: Any, a: tuple, x: tuple) -> bool:
 def name(s: Any, a: tuple, lab: list[int], ren: tuple[int, ...]) -> tuple | None:
     """``a``'s name at ``s``, the same at every state of its orbit (``lab``, ``ren``: the
     renaming of :func:`spec.symmetry.canonical`), or None (never asleep)."""
-    if a[0] in _PLAIN:
-        return a
-    if a[0] == "evict":
-        return ("evict", lab[a[1]])
-    key = _job_key(s, a[1], lab, ren)
-    if key is None or sum(_job_key(s, k, lab, ren) == key for k in s.jobs) > 1:
-        return None
-    rank = ren[1 << a[2]].bit_length() - 1
-    return (a[0], key, rank, *a[3:])
+    return names(s, [a], lab, ren)[0]
 
 
-def _job_key(s: Any, jid: int, lab: list[int], ren: tuple[int, ...]) -> tuple | None:
-    """Job ``jid`` as the fingerprint shows it (blocks and rank sets renamed)."""
-    j = s.jobs.get(jid)
-    if j is None:
-        return None
-    return (j.rid, j.epoch, tuple([lab[b] for b in j.ids]),
-            tuple([(g, p, lab[b]) for g, p, b in j.puts]), s.executed - j.fence,
-            ren[_bits(j.ran)], ren[_bits(j.reported)], j.released)
+def names(s: Any, acts: list[tuple], lab: list[int], ren: tuple[int, ...]
+          ) -> list[tuple | None]:
+    """:func:`name` of each action of ``acts`` at ``s`` (the job forms computed once)."""
+    keys: dict[int, tuple | None] | None = None
+    out: list[tuple | None] = []
+    for a in acts:
+        if a[0] in _PLAIN:
+            out.append(a)
+        elif a[0] == "evict":
+            out.append(("evict", lab[a[1]]))
+        else:
+            if keys is None:
+                keys = _job_keys(s, lab, ren)
+            key = keys.get(a[1])
+            out.append(None if key is None else
+                       (a[0], key, ren[1 << a[2]].bit_length() - 1, *a[3:]))
+    return out
+
+
+def _job_keys(s: Any, lab: list[int], ren: tuple[int, ...]) -> dict[int, tuple | None]:
+    """Each job as the fingerprint shows it (blocks and rank sets renamed); None for a form
+    two jobs share (the name would not say which)."""
+    ex = s.executed
+    out: dict[int, tuple | None] = {}
+    for jid, j in s.jobs.items():
+        out[jid] = (j.rid, j.epoch, tuple([lab[b] for b in j.ids]),
+                    tuple([(g, p, lab[b]) for g, p, b in j.puts]), ex - j.fence,
+                    ren[_bits(j.ran)], ren[_bits(j.reported)], j.released)
+    if len(set(out.values())) < len(out):
+        seen: dict[tuple | None, int] = {}
+        for k in out.values():
+            seen[k] = seen.get(k, 0) + 1
+        out = {jid: (k if seen[k] == 1 else None) for jid, k in out.items()}
+    return out
 
 
 def _bits(ranks: frozenset[int]) -> int:
