@@ -34,18 +34,22 @@ commuting edge that is explored, because the worker action changes nothing they 
 declared only where neither writes what the other reads or writes, or both only add to one set,
 which gives the diamond, and neither disables the other). Worker actions at ``s``:
 
-* ``run_job j r error`` and a ``report j r`` that is not the job's last only add ``r`` to job
-  ``j``'s ``ran`` (whatever the gate, liveness or store say: ``error`` stores nothing) or
-  ``reported``; nothing but the same rank's alternatives on ``j`` reads those, so they commute
-  with every other action (two reports of one job reach the same unpin in either order).
-* ``run_job j r ok|full`` reads job ``j``, its request's ``epoch``, ``pressure``/``skip``, the
-  store and the ``content`` of its put blocks, and writes ``ran``, the store, ``pressure`` and
-  ``skip``. No engine action reads or writes the store, ``pressure``, ``skip`` or an existing
-  job (new jobs are new keys); ``preempt`` writes an ``epoch`` and ``execute`` writes
-  ``content``, so it commutes with every engine action but ``execute`` and a ``preempt`` of its
-  own request; with the last report of another job (``ref``, the free queue, ``keys``); and with
-  an ``ok`` of another rank while no pressure is on (both store on their own rank only, neither
-  gated, both leave the pressure off).
+* ``run_job j r error``, a run_job of a job that is not live (its request was preempted since:
+  epochs only grow) or whose puts this rank's store already holds (nothing removes a store
+  entry), and a ``report j r`` that is not the job's last only add ``r`` to job ``j``'s ``ran``
+  or ``reported``, now and after any other action; nothing but the same rank's alternatives on
+  ``j`` reads those, so they commute with every other action (two reports of one job reach the
+  same unpin in either order).
+* any other ``run_job j r ok|full`` reads job ``j``, its request's ``epoch``, ``pressure`` and
+  ``skip``, the store and the ``content`` of its put blocks, and writes ``ran``, the store,
+  ``pressure`` and ``skip``. No engine action reads or writes the store, ``pressure``, ``skip``
+  or an existing job (new jobs are new keys); ``preempt`` writes an ``epoch`` and ``execute``
+  writes ``content``, so it commutes with every engine action but ``execute`` and a ``preempt``
+  of its own request, and with the last report of another job (``ref``, the free queue,
+  ``keys``). Two ``ok`` of different ranks, neither gated, commute (each stores on its own rank,
+  both clear the pressure); two ``full`` commute (each sets the flag and adds its request to
+  the skip set, whether gated or not: unions); an ``ok`` that is gated stays gated after a
+  ``full``.
 * the last ``report j r`` also unpins (``free_blocks``: ``ref``, the free queue; it reads the
   ``keys`` of the blocks it frees): it commutes with ``begin_step``, ``execute``, an ``evict`` of
   a block the job does not pin, and the worker actions above.
@@ -79,12 +83,23 @@ _RUN_JOB = frozenset({"begin_step", "schedule", "end_schedule", "finish", "evict
 
 
 def _kind(s: Any, a: tuple) -> str:
-    """A worker action's class at ``s``: ``add`` (only adds its rank to one of the job's sets),
-    ``put`` (a run_job that may store or mark pressure), ``unpin`` (the job's last report)."""
-    if a[0] == "run_job":
-        return "add" if a[3] == "error" else "put"
+    """A worker action's class at ``s``: ``add`` (only adds its rank to one of the job's sets,
+    now and after any other action), ``ok``/``full`` (a run_job that stores or marks pressure),
+    ``unpin`` (the job's last report)."""
     j = s.jobs[a[1]]
+    if a[0] == "run_job":
+        # error stores nothing; a job of an earlier epoch stays not live (epochs only grow);
+        # puts all stored already stay stored (nothing removes a store entry)
+        if a[3] == "error" or s.reqs[j.rid].epoch != j.epoch or all(
+                (a[2], g, p) in s.store for g, p, _ in j.puts):
+            return "add"
+        return a[3]
     return "add" if len(j.reported) + 1 < s.cfg.workers else "unpin"
+
+
+def _gated(s: Any, a: tuple) -> bool:
+    """The pressure gate skips this run_job at ``s`` (``_should_skip_request``)."""
+    return s.pressure and s.jobs[a[1]].rid in s.skip
 
 
 def commutes(s: Any, a: tuple, x: tuple) -> bool:
@@ -102,12 +117,16 @@ def commutes(s: Any, a: tuple, x: tuple) -> bool:
         kx = _kind(s, x)
         if ka == "add" or kx == "add":
             return True
-        if ka == "put" and kx == "put":
-            return a[3] == x[3] == "ok" and a[2] != x[2] and not s.pressure and not s.skip
+        if ka == kx == "ok":  # each stores on its own rank; neither gated, both clear
+            return a[2] != x[2] and not _gated(s, a) and not _gated(s, x)
+        if ka == kx == "full":  # each sets the flag and adds its request: unions
+            return True
+        if {ka, kx} == {"ok", "full"}:  # a gated ok stays gated after a full
+            return _gated(s, a if ka == "ok" else x)
         return ka != kx  # a put and another job's last report; never two unpins
     if ka == "add":
         return True
-    if ka == "put":
+    if ka in ("ok", "full"):
         if x[0] == "preempt":
             return x[1] != s.jobs[a[1]].rid
         return x[0] in _RUN_JOB
