@@ -143,9 +143,10 @@ def canonical(s: State, reduce: bool = True) -> tuple[tuple, list[int], tuple[in
          None if r.slot is None else (lg(r.slot[0]), r.slot[1]))
         for r in s.reqs])
     ex = s.executed
+    mask = _mask
     jobs = [(j.rid, j.epoch, tuple(map(lg, j.ids)),
-             tuple([(g, p, lg(b)) for g, p, b in j.puts]), ex - j.fence, j.ran, j.reported,
-             j.released) for j in s.jobs.values()]
+             tuple([(g, p, lg(b)) for g, p, b in j.puts]), ex - j.fence, mask(j.ran),
+             mask(j.reported), j.released) for j in s.jobs.values()]
     ranks, ren = _ranks_canonical(s, jobs, reduce)
     return (
         ref, tuple(map(lg, s.fq)),
@@ -176,23 +177,26 @@ def _mask(ranks: frozenset[int]) -> int:
     return sum(1 << r for r in ranks)
 
 
-def _ranks_canonical(s: State, jobs: list[tuple], reduce: bool
+def _ranks_canonical(s: State, jm: list[tuple], reduce: bool
                      ) -> tuple[tuple, tuple[int, ...]]:
-    """The store and the jobs' rank sets (as bitmasks) under the rank renaming that sorts
-    them first, and that renaming (on bitmasks; the first such one if several tie)."""
+    """The store and the jobs' rank sets (``jm``: the jobs with their rank sets as bitmasks)
+    under the rank renaming that sorts them first, and that renaming (on bitmasks; the first
+    such one if several tie)."""
     w = s.cfg.workers
-    per_rank: list[list[tuple]] = [[] for _ in range(w)]
-    for (rk, g, p), v in s.store.items():
-        per_rank[rk].append((g, p, v))
-    store = [tuple(sorted(x)) for x in per_rank]
-    mask = _mask
-    jm = [(*j[:5], mask(j[5]), mask(j[6]), j[7]) for j in jobs]
+    renamings = _renamings(w)
+    if s.store:
+        per_rank: list[list[tuple]] = [[] for _ in range(w)]
+        for (rk, g, p), v in s.store.items():
+            per_rank[rk].append((g, p, v))
+        store = [tuple(sorted(x)) for x in per_rank]
+    else:
+        store = [()] * w
     if not reduce or w == 1 or not (s.store or any(j[5] for j in jm)):
         jm.sort()
-        return (tuple(jm), tuple(store)), _renamings(w)[0]
+        return (tuple(jm), tuple(store)), renamings[0]
     best: tuple | None = None
-    best_ren = _renamings(w)[0]
-    for ren in _renamings(w):
+    best_ren = renamings[0]
+    for ren in renamings:
         new_store: list[tuple] = [()] * w
         for r in range(w):
             new_store[ren[1 << r].bit_length() - 1] = store[r]
