@@ -6,6 +6,12 @@ Every state reachable in at most ``depth`` transitions from the initial state is
 that reaches it (BFS order), ready to be exported as a trace. When the frontier empties before
 the bound, the reachable state space of that instance is exhausted and the invariants hold at
 every depth for it (reported as ``closed``).
+
+Transitions, never states, are pruned: sleep sets skip one order of two commuting actions
+(:mod:`spec.proofs.sleep`, with why every state within the bound is still reached), a rank
+permutation that fixes a state takes only the first of two symmetric worker steps, and a
+successor equal to its parent or previous sibling is not hashed again (its transient result is
+still checked).
 """
 
 from __future__ import annotations

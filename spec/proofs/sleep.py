@@ -1,34 +1,39 @@
-"""Sleep sets for the bounded search: which engine action commutes with which worker action.
+"""Sleep sets for the bounded search: which actions of the spec commute, and where.
 
-The bounded search (:mod:`spec.proofs.bmc`) reaches most states twice along a *diamond*: a
-worker rank's store step ``w`` (``run_job``, ``report``) and an engine step ``x`` that neither
-reads nor writes what ``w`` touches reach ``s.x.w == s.w.x``. Breadth-first, both corners are
-generated. A sleep set (Godefroid, "Partial-Order Methods for the Verification of Concurrent
-Systems", LNCS 1032, 1996, ch. 5) skips the second: after ``s --w--> t``, the engine actions
-that were explored at ``s`` before ``w`` and commute with ``w`` there *sleep* at ``t`` (``t.x``
-is ``s.x.w``, reached through ``s.x``). Sleep sets prune transitions, never states: the search
-visits exactly the states (orbits) it visited without them, each at the same BFS depth, so the
-bound ``K`` and every state the invariants are checked on are unchanged
-(``tests/spec/test_sleep.py`` compares the visited states with and without, per instance).
+The bounded search (:mod:`spec.proofs.bmc`) reaches many states twice along a *diamond*: a
+worker rank's store step ``w`` (``run_job``, ``report``) and a step ``x`` (of the engine or
+another rank) that neither reads nor writes what ``w`` touches reach ``s.x.w == s.w.x``.
+Breadth-first, both corners are generated. A sleep set (Godefroid, "Partial-Order Methods for
+the Verification of Concurrent Systems", LNCS 1032, 1996, ch. 5) skips the second: after
+``s --w--> t``, the actions that were enumerated at ``s`` before ``w`` (or slept there) and
+commute with ``w`` there *sleep* at ``t`` (``t.x`` is ``s.x.w``, reached through ``s.x``).
+Sleep sets prune transitions, never states: the search visits exactly the states (orbits) it
+visited without them, each at the same BFS depth, so the bound ``K`` and every state the
+invariants are checked on are unchanged (``tests/spec/test_sleep.py`` compares the visited
+states with a plain BFS's, per instance).
 
 **Why no state is lost (BFS with merging, bounded depth).** ``sleep(t)`` is the intersection,
 over every edge ``(s, a)`` from the previous layer that reaches ``t``'s orbit, of
-``Z(s, a) = {x in sleep(s) or explored at s before a : x commutes with a at s}``; a sleeping
+``Z(s, a) = {x in sleep(s) or enumerated at s before a : x commutes with a at s}``; a sleeping
 action is not explored. Take any orbit ``u`` at depth ``k <= K`` and, among the length-``k``
 paths reaching it (all shortest, so the i-th state of each is at depth ``i``), the one whose
 action sequence is lexicographically least (by each state's ``enabled()`` order). Suppose its
 i-th action ``x`` sleeps at its (i-1)-th state ``q``. The path's edge into ``q`` is explored (by
 induction on ``i``) and discovers ``q``, so ``x`` is in its ``Z``: ``x`` commutes with the
-edge's action ``a`` at the state before, and was explored there before ``a`` (then swapping
+edge's action ``a`` at the state before, and comes there before ``a`` (then swapping
 ``a, x`` gives a lexicographically smaller path of the same length to ``u``) or slept there
 (repeat one edge back; the initial state's sleep set is empty, so some earlier position gives the
 smaller path). Either way a contradiction: every action of that path is explored, so ``u`` is
 reached at depth ``k``. With the symmetry reduction (:mod:`spec.symmetry`) the same argument
 runs on orbits; it needs a sleeping action to mean the same thing at every member of an orbit,
-so only actions that name no block, rank or job (every engine action but ``evict``) ever sleep.
+so a sleeping action is stored by a name that does (see **Names** below). Skipping a successor
+that is its parent, its previous sibling or a rank-automorphic image of an earlier sibling
+(:mod:`spec.proofs.bmc`) keeps the argument: such an action is never on the least path (an
+earlier action, or none, reaches the same orbit).
 A pruned transition's target is a state the search checks anyway; its transient result (the
 lookup of ``schedule``, the outcome of ``reset``: invariants I9, I10, I19) equals the one of the
-commuting edge that is explored, because the worker action changes nothing they read.
+commuting edge that is explored, because the action it commutes with changes nothing they
+read.
 
 **The independence relation** (read/write sets of :mod:`spec.model`'s actions; a pair is
 declared only where neither writes what the other reads or writes, or both only add to one set,
