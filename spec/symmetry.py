@@ -67,42 +67,47 @@ State = Any
 
 def block_labels(s: State) -> list[int]:
     """``lab[b]``: block ``b``'s canonical id, by first appearance in a structure-only walk."""
-    walk: list[int] = []
+    lab = [0] * s.cfg.num_blocks
+    for i, b in enumerate(_walk_order(s)):
+        lab[b] = i
+    return lab
+
+
+def _walk_order(s: State) -> list[int]:
+    """The blocks in order of first appearance in the canonical walk, the null block first:
+    ``order[i]`` is the block that gets canonical id ``i`` (the inverse of :func:`block_labels`)."""
+    walk: list[int] = [0]  # the null block keeps id 0
+    add = walk.extend
     for r in s.reqs:
-        walk += r.fa
-        walk += r.mamba
+        add(r.fa)
+        add(r.mamba)
         if r.slot is not None:
             walk.append(r.slot[0])
     for _, src, dst in s.pending_copies:
         walk += (src, dst)
     for _, ids, _ in s.retained:
-        walk += ids
-    walk += [o[2] for o in s.offloads]
+        add(ids)
+    add([o[2] for o in s.offloads])
     jobs = list(s.jobs.values())
     if len(jobs) > 1:  # creation order is not structure: order by what the job is
         jobs.sort(key=_job_shape)
     for j in jobs:
-        walk += j.ids
-        walk += [b for _, _, b in j.puts]
+        add(j.ids)
+        add([b for _, _, b in j.puts])
     for _, src, dst in s.copies:
         walk += (src, dst)
     for _, src, slot, _ in s.snapshots:
         walk += (src, slot)
-    walk += s.fq  # with the holders above: every block of a state that satisfies I1 and I2
-    walk += s.extra_blocks()
-    walk += range(s.cfg.num_blocks)  # a keyed block of a state that breaks I1/I2, say
-    order = dict.fromkeys(walk)
-    del order[0]  # the null block keeps id 0
-    lab = [0] * s.cfg.num_blocks
-    for i, b in enumerate(order, 1):
-        lab[b] = i
-    return lab
+    add(s.fq)  # with the holders above: every block of a state that satisfies I1 and I2
+    add(s.extra_blocks())
+    add(range(s.cfg.num_blocks))  # a keyed block of a state that breaks I1/I2, say
+    return list(dict.fromkeys(walk))
 
 
 def _job_shape(j: Job) -> tuple:
     """A store job without its block and rank names: the walk's order over jobs (ties keep
     creation order, which ``sort`` preserves)."""
-    return (j.rid, j.epoch, j.fence, tuple((g, p) for g, p, _ in j.puts), j.released,
+    return (j.rid, j.epoch, j.fence, tuple([(g, p) for g, p, _ in j.puts]), j.released,
             len(j.ran), len(j.reported))
 
 
@@ -110,34 +115,51 @@ def fingerprint(s: State, reduce: bool = True) -> tuple:
     """The canonical hash key of ``s``: equal for two states iff one is a block/rank renaming
     of the other (see the module docstring). ``reduce=False`` keeps the ids as they are (the
     unreduced search, to compare state counts)."""
+    return canonical(s, reduce)[0]
+
+
+def canonical(s: State, reduce: bool = True) -> tuple[tuple, list[int], tuple[int, ...]]:
+    """:func:`fingerprint`, with the renaming that produced it: ``lab[b]`` (block ``b``'s
+    canonical id) and ``ren[m]`` (a rank-set bitmask's canonical image). Two states with one
+    fingerprint are mapped onto each other by ``lab``/``ren`` of the one, then the inverse of the
+    other's, so a block or rank named through them means the same at both
+    (:mod:`spec.proofs.sleep` names actions that way).
+
+    Built with C-level ``map`` over the relabelling (the bounded search computes one per
+    transition, most of its time); the value is the same tuple as a field-by-field loop."""
     n = s.cfg.num_blocks
-    lab = block_labels(s) if reduce else list(range(n))
-    ref = [0] * n
-    content: list[object] = [None] * n
-    for b, nb in enumerate(lab):
-        ref[nb] = s.ref[b]
-        content[nb] = s.content[b]
-    reqs = tuple(
-        (r.status, r.computed, tuple([lab[b] for b in r.fa]), tuple([lab[b] for b in r.mamba]),
-         None if r.marker is None else (lab[r.marker[0]], r.marker[1]), r.stops, r.epoch,
-         None if r.slot is None else (lab[r.slot[0]], r.slot[1]))
-        for r in s.reqs)
+    if reduce:
+        order = _walk_order(s)
+        lab = sorted(range(n), key=order.__getitem__)  # the inverse permutation of ``order``
+        ref = tuple(map(s.ref.__getitem__, order))
+        content = tuple(map(s.content.__getitem__, order))
+    else:
+        lab = list(range(n))
+        ref, content = tuple(s.ref), tuple(s.content)
+    lg = lab.__getitem__
+    reqs = tuple([
+        (r.status, r.computed, tuple(map(lg, r.fa)), tuple(map(lg, r.mamba)),
+         None if r.marker is None else (lg(r.marker[0]), r.marker[1]), r.stops, r.epoch,
+         None if r.slot is None else (lg(r.slot[0]), r.slot[1]))
+        for r in s.reqs])
     ex = s.executed
-    jobs = [(j.rid, j.epoch, tuple([lab[b] for b in j.ids]),
-             tuple([(g, p, lab[b]) for g, p, b in j.puts]), ex - j.fence, j.ran, j.reported,
-             j.released) for j in s.jobs.values()]
+    mask = _mask
+    jobs = [(j.rid, j.epoch, tuple(map(lg, j.ids)),
+             tuple([(g, p, lg(b)) for g, p, b in j.puts]), ex - j.fence, mask(j.ran),
+             mask(j.reported), j.released) for j in s.jobs.values()]
+    ranks, ren = _ranks_canonical(s, jobs, reduce)
     return (
-        tuple(ref), tuple([lab[b] for b in s.fq]),
-        frozenset([(k, lab[b]) for k, b in s.keys.items()]), tuple(content), reqs,
-        tuple([(g, lab[a], lab[b]) for g, a, b in s.pending_copies]),
-        tuple([(ex - f, tuple([lab[b] for b in ids]), k) for f, ids, k in s.retained]),
-        tuple([(rid, g, lab[b], m) for rid, g, b, m in s.offloads]),
-        _ranks_canonical(s, jobs, reduce), s.pressure, s.skip, s.phase, s.step - ex,
+        ref, tuple(map(lg, s.fq)),
+        frozenset([(k, lg(b)) for k, b in s.keys.items()]), content, reqs,
+        tuple([(g, lg(a), lg(b)) for g, a, b in s.pending_copies]),
+        tuple([(ex - f, tuple(map(lg, ids)), k) for f, ids, k in s.retained]),
+        tuple([(rid, g, lg(b), m) for rid, g, b, m in s.offloads]),
+        ranks, s.pressure, s.skip, s.phase, s.step - ex,
         frozenset(s.this_step), frozenset(s.fresh), frozenset(s.scheduled.items()),
-        tuple([(g, lab[a], lab[b]) for g, a, b in s.copies]),
-        tuple([(rid, lab[a], lab[b], m) for rid, a, b, m in s.snapshots]), s.violations,
+        tuple([(g, lg(a), lg(b)) for g, a, b in s.copies]),
+        tuple([(rid, lg(a), lg(b), m) for rid, a, b, m in s.snapshots]), s.violations,
         s.extra_fingerprint(lab),
-    )
+    ), lab, ren
 
 
 @cache
@@ -155,28 +177,68 @@ def _mask(ranks: frozenset[int]) -> int:
     return sum(1 << r for r in ranks)
 
 
-def _ranks_canonical(s: State, jobs: list[tuple], reduce: bool) -> tuple:
-    """The store and the jobs' rank sets (as bitmasks) under the rank renaming that sorts
-    them first."""
+def _ranks_canonical(s: State, jm: list[tuple], reduce: bool
+                     ) -> tuple[tuple, tuple[int, ...]]:
+    """The store and the jobs' rank sets (``jm``: the jobs with their rank sets as bitmasks)
+    under the rank renaming that sorts them first, and that renaming (on bitmasks; the first
+    such one if several tie)."""
     w = s.cfg.workers
-    per_rank: list[list[tuple]] = [[] for _ in range(w)]
-    for (rk, g, p), v in s.store.items():
-        per_rank[rk].append((g, p, v))
-    store = [tuple(sorted(x)) for x in per_rank]
-    jm = [j[:5] + (_mask(j[5]), _mask(j[6]), j[7]) for j in jobs]
+    renamings = _renamings(w)
+    if s.store:
+        per_rank: list[list[tuple]] = [[] for _ in range(w)]
+        for (rk, g, p), v in s.store.items():
+            per_rank[rk].append((g, p, v))
+        store = [tuple(sorted(x)) for x in per_rank]
+    else:
+        store = [()] * w
     if not reduce or w == 1 or not (s.store or any(j[5] for j in jm)):
-        return tuple(sorted(jm)), tuple(store)
+        jm.sort()
+        return (tuple(jm), tuple(store)), renamings[0]
     best: tuple | None = None
-    for ren in _renamings(w):
+    best_ren = renamings[0]
+    for ren in renamings:
         new_store: list[tuple] = [()] * w
         for r in range(w):
             new_store[ren[1 << r].bit_length() - 1] = store[r]
-        cand = (tuple(sorted([j[:5] + (ren[j[5]], ren[j[6]], j[7]) for j in jm])),
-                tuple(new_store))
+        cand_jobs = [(*j[:5], ren[j[5]], ren[j[6]], j[7]) for j in jm]
+        cand_jobs.sort()
+        cand = (tuple(cand_jobs), tuple(new_store))
         if best is None or cand < best:
-            best = cand
+            best, best_ren = cand, ren
     assert best is not None
-    return best
+    return best, best_ren
+
+
+def rank_automorphisms(s: State) -> list[tuple[int, ...]]:
+    """The rank permutations other than the identity that map ``s`` to itself (the store's
+    keys and every job's ``ran``/``reported`` sets, the only rank-named fields). For such a
+    ``rho``, ``s.apply(rho(a))`` is ``rho(s.apply(a))``: the two successors are one orbit, and
+    the bounded search takes only the first of them."""
+    w = s.cfg.workers
+    if w == 1 or not s.jobs:
+        return []
+    out = []
+    for rho in permutations(range(w)):
+        if all(rho[r] == r for r in range(w)):
+            continue
+        store = s.store
+        if any(store.get((rho[rk], g, p), _NONE) != v for (rk, g, p), v in store.items()):
+            continue
+        if all(frozenset(rho[r] for r in j.ran) == j.ran
+               and frozenset(rho[r] for r in j.reported) == j.reported
+               for j in s.jobs.values()):
+            out.append(rho)
+    return out
+
+
+_NONE = object()
+
+
+def rename_ranks(act: tuple, rho: tuple[int, ...]) -> tuple:
+    """An action under a rank renaming alone (the blocks kept): a worker step names a rank."""
+    if act[0] in ("run_job", "report"):
+        return (act[0], act[1], rho[act[2]], *act[3:])
+    return act
 
 
 def rename(s: State, pi: list[int], rho: list[int]) -> State:

@@ -6,6 +6,12 @@ Every state reachable in at most ``depth`` transitions from the initial state is
 that reaches it (BFS order), ready to be exported as a trace. When the frontier empties before
 the bound, the reachable state space of that instance is exhausted and the invariants hold at
 every depth for it (reported as ``closed``).
+
+Transitions, never states, are pruned: sleep sets skip one order of two commuting actions
+(:mod:`spec.proofs.sleep`, with why every state within the bound is still reached), a rank
+permutation that fixes a state takes only the first of two symmetric worker steps, and a
+successor equal to its parent or previous sibling is not hashed again (its transient result is
+still checked).
 """
 
 from __future__ import annotations
@@ -19,6 +25,9 @@ from dataclasses import dataclass, field
 
 from ..invariants import TRANSIENT, check
 from ..model import Config, State
+from ..symmetry import canonical, rank_automorphisms, rename_ranks
+from .sleep import names as action_names
+from .sleep import passed_on
 
 
 @dataclass
@@ -87,21 +96,28 @@ def _no_cyclic_gc() -> Iterator[None]:
 
 def bmc(cfg: Config, depth: int, max_states: int = 2_000_000,
         deadline_s: float | None = None, model: type[State] = State,
-        symmetry: bool = True) -> BmcResult:
+        symmetry: bool = True, sleep: bool = True) -> BmcResult:
     """Search every state of ``model`` (the spec, or a mutant of it) within ``depth`` steps;
     stop at the first invariant violation. ``symmetry`` merges states equal up to block and
-    rank renaming (:mod:`spec.symmetry`); off, only identical states merge."""
+    rank renaming (:mod:`spec.symmetry`); off, only identical states merge. ``sleep`` skips
+    transitions whose target a commuting edge reaches (:mod:`spec.proofs.sleep`: the same
+    states, fewer transitions); it applies to the unmutated model only, so a mutant's search
+    and counterexample are those of the plain search."""
     with _no_cyclic_gc():
-        return _search(cfg, depth, max_states, deadline_s, model, symmetry)
+        return _search(cfg, depth, max_states, deadline_s, model, symmetry,
+                       sleep and model is State)
 
 
 def _search(cfg: Config, depth: int, max_states: int, deadline_s: float | None,
-            model: type[State], symmetry: bool) -> BmcResult:
+            model: type[State], symmetry: bool, sleepy: bool) -> BmcResult:
     t0 = time.monotonic()
     s0 = model(cfg)
-    f0 = s0.fingerprint(symmetry)
+    f0, lab0, ren0 = canonical(s0, symmetry)
     parent: dict[tuple, tuple[tuple, tuple] | None] = {f0: None}
-    frontier: list[tuple[State, tuple]] = [(s0, f0)]
+    none: frozenset[tuple] = frozenset()
+    # (state, fingerprint, names of the actions asleep there, its renaming)
+    frontier: list[tuple[State, tuple, frozenset, list[int], tuple[int, ...]]] = [
+        (s0, f0, none, lab0, ren0)]
     bad = check(s0)
     if bad:
         return BmcResult(False, 0, 1, False, time.monotonic() - t0, bad[0], [])
@@ -109,11 +125,38 @@ def _search(cfg: Config, depth: int, max_states: int, deadline_s: float | None,
     cov: Counter[str] = Counter()
     while frontier and d < depth:
         d += 1
-        nxt: list[tuple[State, tuple]] = []
-        for s, fp in frontier:
-            for act in s.enabled():
+        nxt: list[tuple[State, tuple, frozenset, list[int], tuple[int, ...]]] = []
+        layer: dict[tuple, int] = {}  # states new in this layer -> index in nxt
+        for s, fp, names, lab, ren in frontier:
+            acts = s.enabled()
+            asleep = []
+            if names:
+                asleep = [a for a, n in zip(acts, action_names(s, acts, lab, ren), strict=True)
+                          if n in names]
+            before: list[tuple] = []  # the actions enumerated at s so far
+            autos = rank_automorphisms(s) if symmetry else []
+            done: set[tuple] = set()  # actions taken at s (for the rank automorphisms)
+            prev: State = s
+            for act in acts:
+                if asleep and act in asleep:
+                    continue
+                if sleepy:
+                    before.append(act)
+                if autos and any(rename_ranks(act, rho) in done for rho in autos):
+                    continue  # s is fixed by rho: this successor is rho(an earlier one)
+                done.add(act)
                 t = s.apply(act)
-                tf = t.fingerprint(symmetry)
+                if same_state(t, s) or same_state(t, prev):
+                    # a self-loop or an earlier sibling's state: seen; only its transient part
+                    # (the lookup or reset just taken) is new
+                    prev = t
+                    bad = check(t, TRANSIENT)
+                    if bad:
+                        return BmcResult(False, d, len(parent), False, time.monotonic() - t0,
+                                         bad[0], _path(parent, fp) + [act])
+                    continue
+                prev = t
+                tf, tlab, tren = canonical(t, symmetry)
                 seen = tf in parent
                 # A state merged with one already checked differs from it only by a renaming
                 # and in the fields the fingerprint leaves out: re-check just those.
@@ -124,14 +167,61 @@ def _search(cfg: Config, depth: int, max_states: int, deadline_s: float | None,
                                      bad[0], _path(parent, fp) + [act])
                 if not seen:
                     parent[tf] = (fp, act)
-                    nxt.append((t, tf))
+                    layer[tf] = len(nxt)
+                    z = _asleep_after(s, act, asleep, before[:-1], t, tlab, tren) \
+                        if sleepy else none
+                    nxt.append((t, tf, z, tlab, tren))
                     cov.update(_events(s, act, t))
+                elif tf in layer:  # another edge into a state new in this layer
+                    i = layer[tf]
+                    u, uf, uz, ulab, uren = nxt[i]
+                    if uz:
+                        z = _asleep_after(s, act, asleep, before[:-1], t, tlab, tren)
+                        nxt[i] = (u, uf, uz & z, ulab, uren)
             if len(parent) > max_states or (deadline_s and time.monotonic() - t0 > deadline_s):
                 return BmcResult(True, d - 1, len(parent), False, time.monotonic() - t0,
                                  coverage=dict(cov))
         frontier = nxt
     return BmcResult(True, d, len(parent), not frontier, time.monotonic() - t0,
                      coverage=dict(cov))
+
+
+def _asleep_after(s: State, act: tuple, asleep: list[tuple], before: list[tuple], t: State,
+                  lab: list[int], ren: tuple[int, ...]) -> frozenset:
+    """The names, at ``t = s.act``, of the actions this edge puts to sleep there."""
+    z = passed_on(s, act, asleep, before)
+    if not z:
+        return frozenset()
+    out = set(action_names(t, z, lab, ren))
+    out.discard(None)
+    return frozenset(out)
+
+
+#: the fields a state's successor never inherits (``clone`` drops them): the result of the
+#: action just taken
+_TRANSIENT_FIELDS = frozenset({"last_hit", "last_reset"})
+
+
+def same_state(t: State, u: State) -> bool:
+    """Whether ``t`` and ``u`` are the same state but for the transient fields: every other
+    field equal (the fingerprint reads only those), so ``t`` is merged with ``u``. The fields
+    an action most often changes are compared first, so most answers are a quick no."""
+    dt, du = t.__dict__, u.__dict__
+    if len(dt) != len(du):
+        return False
+    for k in _FIRST:
+        if dt[k] != du[k]:
+            return False
+    for k, v in dt.items():
+        w = du.get(k, _MISSING)
+        if v is not w and v != w and k not in _TRANSIENT_FIELDS:
+            return False
+    return True
+
+
+#: compared first by :func:`same_state` (cheap, and changed by most actions)
+_FIRST = ("phase", "step", "next_job", "pressure", "ref", "fq", "jobs")
+_MISSING = object()
 
 
 def _path(parent: dict, fp: tuple) -> list[tuple]:

@@ -43,7 +43,11 @@ def _vllm() -> SimpleNamespace:
 
     init_none_hash(sha256)
     # vLLM logs expected outcomes (a refused reset) as warnings; observations carry them.
-    logging.getLogger("vllm").setLevel(logging.ERROR)
+    # (Set once: every setLevel clears the cache of each of vLLM's and torch's thousands of
+    # loggers, a millisecond per driver.)
+    log = logging.getLogger("vllm")
+    if log.level != logging.ERROR:
+        log.setLevel(logging.ERROR)
     return SimpleNamespace(
         torch=torch, SamplingParams=SamplingParams, sha256=sha256, KVCacheManager=KVCacheManager,
         get_request_block_hasher=get_request_block_hasher, Scheduler=Scheduler,

@@ -53,9 +53,11 @@ def _m() -> SimpleNamespace:
     from vllm.v1.kv_cache_interface import MambaSpec
 
     # Scripted store failures make the sending thread log warnings and errors by design.
+    # (Set once: each setLevel clears the cache of every logger.)
     for mod in ("worker", "scheduler"):
-        logging.getLogger(f"{MooncakeStoreScheduler.__module__.rsplit('.', 1)[0]}.{mod}") \
-            .setLevel(logging.CRITICAL)
+        log = logging.getLogger(f"{MooncakeStoreScheduler.__module__.rsplit('.', 1)[0]}.{mod}")
+        if log.level != logging.CRITICAL:
+            log.setLevel(logging.CRITICAL)
 
     return SimpleNamespace(
         MooncakeStoreCoordinator=MooncakeStoreCoordinator,
