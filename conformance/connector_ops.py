@@ -61,6 +61,8 @@ EXTENSION_FIELDS: dict[str, tuple[type, Any]] = {
     # junction checkpoints (docs/junctions.md, "The extension")
     "junction_checkpoints": (bool, False),
     "junction_index_blocks": (int, 1 << 18),
+    # with junction_checkpoints: the hook also sets the manager's junction keying
+    "device_junctions": (bool, False),
 }
 JUNCTION_INDEX_MAX = 1 << 24
 

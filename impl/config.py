@@ -67,6 +67,10 @@ class Settings:
     # with an earlier prompt and store the state there (needs the scheduler hook plugin).
     junction_checkpoints: bool | None = False
     junction_index_blocks: int = 1 << 18  # prompt hash blocks remembered (LRU)
+    # With junction_checkpoints: the hook also sets vLLM's manager-side junction keying
+    # (KVCacheManager.mamba_shared_prefix_checkpoint, EAGLE-only in vLLM 0.33), so the junction
+    # state stays on the device and is handed off like a prompt tail (docs/junctions.md).
+    device_junctions: bool | None = False
     # With the extension on: a lookup whose prompt extends a Mamba boundary an in-flight store
     # job is putting (a turn that arrives as its predecessor finishes) waits for that job.
     checkpoint_lookup_wait: bool = True
@@ -115,6 +119,7 @@ _SETTING_TYPES: dict[str, type | tuple[type, ...]] = {
     "decode_boundary_saves": bool,
     "junction_checkpoints": bool,
     "junction_index_blocks": int,
+    "device_junctions": bool,
     "checkpoint_lookup_wait": bool,
     "divergent_local_hits": bool,
 }
@@ -428,9 +433,10 @@ def geometry_from_vllm(vllm_config: Any, kv_cache_config: Any) -> StoreGeometry:
     return geo
 
 
-REUSE_PARTS = ("turn_end_checkpoints", "decode_boundary_saves", "junction_checkpoints")
+REUSE_PARTS = ("turn_end_checkpoints", "decode_boundary_saves", "junction_checkpoints",
+               "device_junctions")
 #: the parts that store a state between lcm boundaries, so mean nothing without partial hits
-NEEDS_PARTIAL_HITS = ("turn_end_checkpoints", "junction_checkpoints")
+NEEDS_PARTIAL_HITS = ("turn_end_checkpoints", "junction_checkpoints", "device_junctions")
 
 
 def resolve_reuse_extension(settings: Settings, geo: StoreGeometry, vllm_config: Any,

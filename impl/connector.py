@@ -39,6 +39,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.coordinator imp
     MooncakeStoreCoordinator,
 )
 
+from tailproof.impl import junctions
 from tailproof.impl.config import (
     ConfigError,
     Settings,
@@ -245,6 +246,8 @@ class TailproofConnector(KVConnectorBase_V1, SupportsHMA):
         scheduler.mamba_shared_prefix_checkpoint = True
         side.exact_junction_stops = True
         kvm = getattr(scheduler, "kv_cache_manager", None)
+        if self.settings.device_junctions:
+            junctions.key_device_junctions(kvm)  # a module attribute: the jn-* mutants
         side.vllm_keys_junctions = bool(getattr(kvm, "mamba_shared_prefix_checkpoint", True))
         logger.info("TailproofConnector: exact junction stops on (%s)", HOOK_VERSION)
 

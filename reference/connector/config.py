@@ -43,6 +43,7 @@ class ConnectorConfig:
     # Junction checkpoints (docs/junctions.md, "The extension"; not vLLM 0.33): off by default.
     junction_checkpoints: bool = False
     junction_index_blocks: int = 1 << 18
+    device_junctions: bool = False  # the hook also sets the manager's junction keying
 
     @classmethod
     def from_doc(cls, doc: dict[str, Any] | None) -> ConnectorConfig:
