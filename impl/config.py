@@ -78,7 +78,7 @@ class Settings:
     # local hits"): vLLM then asks the store for the rest, and a load restores the Mamba state
     # at its hit, so requests share the attention blocks of a prefix the device still holds
     # instead of each loading a private copy (``supports_divergent_local_hybrid_hits``).
-    divergent_local_hits: bool = False
+    divergent_local_hits: bool | None = False  # None: "auto" (resolve_divergent_hits)
 
     @property
     def reuse_extension(self) -> bool:
@@ -185,12 +185,12 @@ def parse_settings(extra: dict[str, Any] | None, kv_role: str | None) -> Setting
         if key not in extra:
             continue
         val = extra[key]
-        if key in REUSE_PARTS and val == "auto":
+        if key in (*REUSE_PARTS, "divergent_local_hits") and val == "auto":
             continue
         # bool is an int subclass: reject True where a count is expected.
         if not isinstance(val, typ) or (typ is int and isinstance(val, bool)):
             want = getattr(typ, "__name__", typ)
-            if key in REUSE_PARTS:
+            if key in (*REUSE_PARTS, "divergent_local_hits"):
                 want = 'bool or "auto"'
             problems.append(f"{key} must be {want}, got {val!r}")
     store = extra.get("store", "memory")
@@ -227,7 +227,8 @@ def parse_settings(extra: dict[str, Any] | None, kv_role: str | None) -> Setting
     if problems:
         raise ConfigError(problems)
     kwargs = {k: extra[k] for k in _SETTING_TYPES if k in extra}
-    kwargs.update({k: None for k in REUSE_PARTS if kwargs.get(k) == "auto"})
+    kwargs.update({k: None for k in (*REUSE_PARTS, "divergent_local_hits")
+                   if kwargs.get(k) == "auto"})
     return Settings(kv_role=role, store_config=store_config, **kwargs, **sizes)
 
 
@@ -479,6 +480,24 @@ def divergent_hits_limits(geo: StoreGeometry, vllm_config: Any) -> list[str]:
     window below the local hit) and EAGLE's dropped proof block would be left unrestored."""
     return [f"divergent_local_hits=true is not supported here: {w}"
             for w in _speculation_and_windows(geo, vllm_config)]
+
+
+def resolve_divergent_hits(settings: Settings, geo: StoreGeometry, vllm_config: Any
+                           ) -> tuple[Settings, list[str]]:
+    """Settle ``divergent_local_hits``: true where it cannot run is an error; "auto" (None) is
+    on where it can run and attention blocks are smaller than the Mamba block (a local
+    attention hit then runs past the Mamba state; BENCHMARKS.md section 13: FA 16 under Mamba
+    1,024 meets issue 22's goal only with it on, FA 1,024 only with it off)."""
+    asked = settings.divergent_local_hits
+    limits = divergent_hits_limits(geo, vllm_config)
+    if asked is True:
+        return settings, limits
+    if asked is None:
+        attn = [b for b, m in zip(geo.block_sizes, geo.is_mamba, strict=True) if not m]
+        mamba = [b for b, m in zip(geo.block_sizes, geo.is_mamba, strict=True) if m]
+        on = not limits and bool(attn and mamba) and min(attn) < max(mamba)
+        return replace(settings, divergent_local_hits=on), []
+    return settings, []
 
 
 def _speculation_and_windows(geo: StoreGeometry, vllm_config: Any) -> list[str]:

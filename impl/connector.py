@@ -45,9 +45,9 @@ from tailproof.impl.config import (
     Settings,
     StoreGeometry,
     check_store_placement,
-    divergent_hits_limits,
     geometry_from_vllm,
     parse_settings,
+    resolve_divergent_hits,
     resolve_reuse_extension,
 )
 from tailproof.impl.fingerprint import Fingerprint, check_tensors, fingerprint_from_vllm
@@ -171,9 +171,10 @@ class TailproofConnector(KVConnectorBase_V1, SupportsHMA):
             self.settings, self.geo, vllm_config, kv_cache_config)
         if reuse_errors:
             raise ConfigError(reuse_errors)
-        if self.settings.divergent_local_hits:
-            if divergent_errors := divergent_hits_limits(self.geo, vllm_config):
-                raise ConfigError(divergent_errors)
+        self.settings, divergent_errors = resolve_divergent_hits(self.settings, self.geo,
+                                                                 vllm_config)
+        if divergent_errors:
+            raise ConfigError(divergent_errors)
         for note in reuse_notes:
             logger.info("TailproofConnector: %s", note)
         par = vllm_config.parallel_config
