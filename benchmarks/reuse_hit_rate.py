@@ -322,7 +322,7 @@ WORKLOADS: dict[str, tuple[Callable[[Driver, random.Random, Sizes], None], bool]
 VARIANTS = ("device", "connector", "extension")
 #: ``kv_connector_extra_config`` of the ``extension`` variant (docs/reuse.md).
 EXTENSION = {"turn_end_checkpoints": True, "decode_boundary_saves": True,
-             "junction_checkpoints": True}
+             "junction_checkpoints": True, "device_junctions": True}
 PARTS = tuple(EXTENSION)  # what --only may pick
 
 

@@ -133,7 +133,7 @@ def _instrument(engine: Any, driver: rhr.Driver, run: Run) -> None:
 
 
 def run_one(fa_block: int, variant: str, seed: int, blocks: int, sizes: rhr.Sizes,
-            divergent: bool = False) -> Run:
+            divergent: bool | str = False) -> Run:
     """The agent workload under one variant."""
     if variant == "device":
         engine: Any = Device(blocks, sizes.max_batched, fa_block)
@@ -157,8 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--blocks", type=int, default=rhr.LARGE_BLOCKS, help="device pool blocks")
     ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
-    ap.add_argument("--divergent", nargs="+", choices=("off", "on"), default=["off", "on"],
-                    help="divergent_local_hits of the store variants")
+    ap.add_argument("--divergent", nargs="+", choices=("off", "on", "auto"),
+                    default=["off", "on"], help="divergent_local_hits of the store variants")
     ap.add_argument("--timeline", action="store_true", help="print every request's events")
     args = ap.parse_args(argv)
     sizes = rhr.Sizes()
@@ -169,13 +169,14 @@ def main(argv: list[str] | None = None) -> int:
     for fa_block in args.fa_block:
         for seed in args.seeds:
             base = None
-            runs = [(v, d == "on") for v in args.variants
+            runs = [(v, {"on": True, "off": False}.get(d, d)) for v in args.variants
                     for d in (("off",) if v == "device" else args.divergent)]
             for variant, divergent in runs:
                 r = run_one(fa_block, variant, seed, args.blocks, sizes, divergent)
                 base = base or r.result.steps
                 per_step = sum(r.computing) / max(1, len(r.computing))
-                div = "-" if variant == "device" else ("on" if divergent else "off")
+                div = ("-" if variant == "device" else divergent if isinstance(divergent, str)
+                       else "on" if divergent else "off")
                 print(f"{fa_block:<5} {seed:<4} {variant:<10} {div:<10} {r.result.steps:<6} "
                       f"{r.result.steps / base:<9.3f} {r.result.ratio:<11.3f} "
                       f"{r.result.preempted:<8} {r.mean('arrive', 'compute'):<16.1f} "

@@ -67,6 +67,10 @@ class Settings:
     # with an earlier prompt and store the state there (needs the scheduler hook plugin).
     junction_checkpoints: bool | None = False
     junction_index_blocks: int = 1 << 18  # prompt hash blocks remembered (LRU)
+    # With junction_checkpoints: the hook also sets vLLM's manager-side junction keying
+    # (KVCacheManager.mamba_shared_prefix_checkpoint, EAGLE-only in vLLM 0.33), so the junction
+    # state stays on the device and is handed off like a prompt tail (docs/junctions.md).
+    device_junctions: bool | None = False
     # With the extension on: a lookup whose prompt extends a Mamba boundary an in-flight store
     # job is putting (a turn that arrives as its predecessor finishes) waits for that job.
     checkpoint_lookup_wait: bool = True
@@ -74,9 +78,9 @@ class Settings:
     # local hits"): vLLM then asks the store for the rest, and a load restores the Mamba state
     # at its hit, so requests share the attention blocks of a prefix the device still holds
     # instead of each loading a private copy (``supports_divergent_local_hybrid_hits``).
-    divergent_local_hits: bool = False
-    # Pins (README, "Store failures"; not vLLM 0.33, whose ``_reference_save_blocks`` pins the
-    # whole table for every normal save): a normal save pins only the blocks some rank can
+    divergent_local_hits: bool | None = False  # None: "auto" (resolve_divergent_hits)
+    # Pins (docs/deploy.md; not vLLM 0.33, whose ``_reference_save_blocks`` pins the whole
+    # table for every normal save): a normal save pins only the blocks some rank can
     # still read, from the lowest saved offset every rank has reported (scheduler_side).
     readable_pins: bool = True
     # Most GPU blocks store jobs may pin at once, as a share of the pool (None: no bound); a
@@ -122,6 +126,7 @@ _SETTING_TYPES: dict[str, type | tuple[type, ...]] = {
     "decode_boundary_saves": bool,
     "junction_checkpoints": bool,
     "junction_index_blocks": int,
+    "device_junctions": bool,
     "checkpoint_lookup_wait": bool,
     "divergent_local_hits": bool,
     "readable_pins": bool,
@@ -189,12 +194,12 @@ def parse_settings(extra: dict[str, Any] | None, kv_role: str | None) -> Setting
         if key not in extra:
             continue
         val = extra[key]
-        if key in REUSE_PARTS and val == "auto":
+        if key in (*REUSE_PARTS, "divergent_local_hits") and val == "auto":
             continue
         # bool is an int subclass: reject True where a count is expected.
         if not isinstance(val, typ) or (typ is int and isinstance(val, bool)):
             want = getattr(typ, "__name__", typ)
-            if key in REUSE_PARTS:
+            if key in (*REUSE_PARTS, "divergent_local_hits"):
                 want = 'bool or "auto"'
             if key == "pin_budget_fraction":
                 want = "a number in (0, 1] or null"
@@ -236,7 +241,8 @@ def parse_settings(extra: dict[str, Any] | None, kv_role: str | None) -> Setting
     if problems:
         raise ConfigError(problems)
     kwargs = {k: extra[k] for k in _SETTING_TYPES if k in extra}
-    kwargs.update({k: None for k in REUSE_PARTS if kwargs.get(k) == "auto"})
+    kwargs.update({k: None for k in (*REUSE_PARTS, "divergent_local_hits")
+                   if kwargs.get(k) == "auto"})
     return Settings(kv_role=role, store_config=store_config, **kwargs, **sizes)
 
 
@@ -442,9 +448,10 @@ def geometry_from_vllm(vllm_config: Any, kv_cache_config: Any) -> StoreGeometry:
     return geo
 
 
-REUSE_PARTS = ("turn_end_checkpoints", "decode_boundary_saves", "junction_checkpoints")
+REUSE_PARTS = ("turn_end_checkpoints", "decode_boundary_saves", "junction_checkpoints",
+               "device_junctions")
 #: the parts that store a state between lcm boundaries, so mean nothing without partial hits
-NEEDS_PARTIAL_HITS = ("turn_end_checkpoints", "junction_checkpoints")
+NEEDS_PARTIAL_HITS = ("turn_end_checkpoints", "junction_checkpoints", "device_junctions")
 
 
 def resolve_reuse_extension(settings: Settings, geo: StoreGeometry, vllm_config: Any,
@@ -487,6 +494,24 @@ def divergent_hits_limits(geo: StoreGeometry, vllm_config: Any) -> list[str]:
     window below the local hit) and EAGLE's dropped proof block would be left unrestored."""
     return [f"divergent_local_hits=true is not supported here: {w}"
             for w in _speculation_and_windows(geo, vllm_config)]
+
+
+def resolve_divergent_hits(settings: Settings, geo: StoreGeometry, vllm_config: Any
+                           ) -> tuple[Settings, list[str]]:
+    """Settle ``divergent_local_hits``: true where it cannot run is an error; "auto" (None) is
+    on where it can run and attention blocks are smaller than the Mamba block (a local
+    attention hit then runs past the Mamba state; BENCHMARKS.md section 13: FA 16 under Mamba
+    1,024 meets issue 22's goal only with it on, FA 1,024 only with it off)."""
+    asked = settings.divergent_local_hits
+    limits = divergent_hits_limits(geo, vllm_config)
+    if asked is True:
+        return settings, limits
+    if asked is None:
+        attn = [b for b, m in zip(geo.block_sizes, geo.is_mamba, strict=True) if not m]
+        mamba = [b for b, m in zip(geo.block_sizes, geo.is_mamba, strict=True) if m]
+        on = not limits and bool(attn and mamba) and min(attn) < max(mamba)
+        return replace(settings, divergent_local_hits=on), []
+    return settings, []
 
 
 def _speculation_and_windows(geo: StoreGeometry, vllm_config: Any) -> list[str]:

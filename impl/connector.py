@@ -39,14 +39,15 @@ from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.coordinator imp
     MooncakeStoreCoordinator,
 )
 
+from tailproof.impl import junctions
 from tailproof.impl.config import (
     ConfigError,
     Settings,
     StoreGeometry,
     check_store_placement,
-    divergent_hits_limits,
     geometry_from_vllm,
     parse_settings,
+    resolve_divergent_hits,
     resolve_reuse_extension,
 )
 from tailproof.impl.fingerprint import Fingerprint, check_tensors, fingerprint_from_vllm
@@ -170,9 +171,10 @@ class TailproofConnector(KVConnectorBase_V1, SupportsHMA):
             self.settings, self.geo, vllm_config, kv_cache_config)
         if reuse_errors:
             raise ConfigError(reuse_errors)
-        if self.settings.divergent_local_hits:
-            if divergent_errors := divergent_hits_limits(self.geo, vllm_config):
-                raise ConfigError(divergent_errors)
+        self.settings, divergent_errors = resolve_divergent_hits(self.settings, self.geo,
+                                                                 vllm_config)
+        if divergent_errors:
+            raise ConfigError(divergent_errors)
         for note in reuse_notes:
             logger.info("TailproofConnector: %s", note)
         par = vllm_config.parallel_config
@@ -245,6 +247,8 @@ class TailproofConnector(KVConnectorBase_V1, SupportsHMA):
         scheduler.mamba_shared_prefix_checkpoint = True
         side.exact_junction_stops = True
         kvm = getattr(scheduler, "kv_cache_manager", None)
+        if self.settings.device_junctions:
+            junctions.key_device_junctions(kvm)  # a module attribute: the jn-* mutants
         side.vllm_keys_junctions = bool(getattr(kvm, "mamba_shared_prefix_checkpoint", True))
         logger.info("TailproofConnector: exact junction stops on (%s)", HOOK_VERSION)
 

@@ -64,6 +64,26 @@ class JunctionIndex:
             hashes.popitem(last=False)
 
 
+def key_device_junctions(kvm: Any) -> bool:
+    """Turn on vLLM 0.33's manager-side junction keying without EAGLE (``device_junctions``;
+    docs/junctions.md, "Device junctions"): ``KVCacheManager.mamba_shared_prefix_checkpoint``
+    and every ``MambaManager.shared_prefix_checkpoint`` together, the two sides
+    ``KVCacheManager.__init__`` says must agree; refused under a multi-module MTP re-prefill
+    tail (``num_reprefillable_tokens``), as vLLM refuses it. Returns whether it is on."""
+    from vllm.v1.core.single_type_kv_cache_manager import MambaManager
+
+    coord = getattr(kvm, "coordinator", None)
+    if coord is None or getattr(coord, "num_reprefillable_tokens", 0) != 0:
+        logger.error("TailproofConnector: device_junctions needs vLLM's KVCacheManager without "
+                     "a re-prefill tail; junction states are stored by the connector instead")
+        return False
+    for manager in coord.single_type_managers:
+        if isinstance(manager, MambaManager):
+            manager.shared_prefix_checkpoint = True
+    kvm.mamba_shared_prefix_checkpoint = True
+    return True
+
+
 class JunctionCheckpoints:
     """The junction part of ``SchedulerSide`` (a mixin: its state lives on the scheduler side,
     which supplies the attributes annotated here; ``_snapshot_sources`` and
@@ -140,8 +160,17 @@ class JunctionCheckpoints:
         if j == spb:
             self.metrics.c.inc("junctions_set_at_vllm_junction")
         request.shared_prefix_boundary = j
-        self.junction_targets[rid] = j
         self.metrics.c.inc("junctions_set")
+        if self.vllm_keys_junctions and all(j % geo.block_sizes[g] == 0 for g in
+                                            range(len(geo.is_mamba)) if not geo.is_mamba[g]):
+            # device_junctions: MambaManager keys the state where the chunk stops (it reads
+            # Request.shared_prefix_boundary) and hands it off like a prompt tail; on every
+            # attention grid the normal saves cover the attention KV, so the connector copies
+            # nothing (docs/junctions.md, "Device junctions"). Off that grid the hand-off
+            # stores no attention KV up to j: the junction job below still does.
+            self.metrics.c.inc("junctions_set_device_keyed")
+            return
+        self.junction_targets[rid] = j
 
     def _junction_skipped(self, reason: str, why: str) -> None:
         """Count a junction the extension resolved on but did not act on, and say why once

@@ -61,6 +61,9 @@ class Geometry:
     # EXTENSION (docs/junctions.md, "The hook"): the connector's scheduler hook set
     # Scheduler.mamba_shared_prefix_checkpoint (the managers' flag is left as it is).
     scheduler_junction_hook: bool = False
+    # EXTENSION (docs/junctions.md, "Device junctions"): the hook also set
+    # KVCacheManager.mamba_shared_prefix_checkpoint and every MambaManager's flag, no EAGLE.
+    manager_junction_hook: bool = False
     # Derived in __post_init__.
     scheduler_block_size: int = field(init=False)
     coordinator_kind: str = field(init=False)  # "none" | "unitary" | "hybrid"
@@ -161,8 +164,8 @@ class Geometry:
         ``num_reprefillable_tokens == 0``). It sets ``shared_prefix_checkpoint`` on every Mamba
         manager."""
         return (
-            self.enable_mamba_shared_prefix_checkpoint
-            and bool(self.eagle_group_ids)
+            (self.enable_mamba_shared_prefix_checkpoint and bool(self.eagle_group_ids)
+             or self.manager_junction_hook)
             and self.partial_hits
             and self.coordinator_kind == "hybrid"
         )

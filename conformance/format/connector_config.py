@@ -28,6 +28,8 @@ EXTENSION_FIELDS: dict[str, tuple[type, Any]] = {
     # junction checkpoints (docs/junctions.md, "The extension")
     "junction_checkpoints": (bool, False),
     "junction_index_blocks": (int, 1 << 18),
+    # with junction_checkpoints: the hook also sets the manager's junction keying
+    "device_junctions": (bool, False),
     # tailproof's pin rules (reference/connector/scheduler.py, DEVIATIONS; not vLLM 0.33): off
     # in traces unless given (impl's own defaults are on: true, 0.25)
     "readable_pins": (bool, False),

@@ -48,6 +48,7 @@ class ConnectorConfig:
     # deployment defaults are True and 0.25).
     readable_pins: bool = False
     pin_budget_fraction: float | None = None
+    device_junctions: bool = False  # the hook also sets the manager's junction keying
 
     @classmethod
     def from_doc(cls, doc: dict[str, Any] | None) -> ConnectorConfig:

@@ -119,6 +119,11 @@ class Junctions:
         if not self.hook:
             return  # the stop would be block-floored: never a stop it cannot use
         request.shared_prefix_boundary = j
+        if self.vllm_keys and all(j % b == 0 for g, b in enumerate(self.geo.block_sizes)
+                                  if g not in self.mamba):
+            # device junctions: the core's MambaManager keys the stop and hands it off, and
+            # on every attention grid the normal saves hold the attention KV: no job
+            return
         self.targets[rid] = j
 
     def forget(self, rid: str, finished: bool) -> None:

@@ -26,7 +26,7 @@ BYTE_VISIBLE = {"te-wrong-boundary", "te-snapshot-one-step-late", "te-slot-pin-r
 # (jn-wrong-boundary's key J - h is already stored in every junction case, so the worker skips
 # the put: killed by the job's observed puts, not by bytes.)
 JUNCTION_CASES = ("conn_x14", "conn_x15", "conn_x16", "conn_x17", "conn_x18", "conn_x19",
-                  "conn_x20")
+                  "conn_x20", "conn_x21", "conn_x22")
 
 
 @pytest.fixture(scope="module")

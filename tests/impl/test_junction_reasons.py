@@ -15,12 +15,13 @@ from tailproof.impl.scheduler_side import SchedulerSide
 H = 16
 
 
-def _side() -> SchedulerSide:
-    geo = StoreGeometry(core_group_ids=(0, 1), block_sizes=(16, 64), is_mamba=(False, True),
-                        hash_block_size=H, lcm_block_size=64, partial_hits=True,
-                        use_eagle=False, num_blocks=64)
+def _side(fa_block: int = 16) -> SchedulerSide:
+    geo = StoreGeometry(core_group_ids=(0, 1), block_sizes=(fa_block, 64),
+                        is_mamba=(False, True), hash_block_size=H, lcm_block_size=64,
+                        partial_hits=True, use_eagle=False, num_blocks=64)
     side = SchedulerSide(Settings(junction_checkpoints=True), geo, None, 1)
-    side.exact_junction_stops = True
+    side.exact_junction_stops = True  # what the hook records without EAGLE or device keys
+    side.vllm_keys_junctions = False
     return side
 
 
@@ -64,6 +65,22 @@ def test_each_skip_is_counted_by_reason_and_logged_once(
     assert total("junctions_set") == 2
 
 
+@pytest.mark.parametrize("fa_block, job", [(16, False), (32, True)])
+def test_device_keyed_junction_takes_a_job_only_off_the_attention_grid(
+        fa_block: int, job: bool) -> None:
+    """With the managers keying junctions (``device_junctions``) the connector's own junction
+    still gets its stop; the junction job only where the hand-off lacks attention KV up to it
+    (48 is on FA 16's grid, off FA 32's)."""
+    side = _side(fa_block)
+    side.vllm_keys_junctions = True
+    side._set_junction(_req("a", 10), 0)
+    b = _req("b", 3)
+    side._set_junction(b, 0)
+    assert b.shared_prefix_boundary == 48 and side.metrics.c.total("junctions_set") == 1
+    assert ("b" in side.junction_targets) is job
+    assert side.metrics.c.total("junctions_set_device_keyed") == (0 if job else 1)
+
+
 @pytest.mark.vllm
 def test_hook_reads_whether_vllm_keys_its_junction() -> None:
     """On the real Scheduler without an EAGLE group vLLM keys no state at its own junction:
@@ -97,3 +114,24 @@ def test_a_stop_the_chunk_ran_past_is_counted_and_spent() -> None:
     side._junction_jobs(None, meta)
     assert not side.junction_targets and not meta.stores and not meta.snapshots
     assert side.metrics.c.total("junctions_skipped_stop_missed") == 1
+
+
+@pytest.mark.vllm
+def test_hook_sets_both_junction_keying_flags_with_device_junctions() -> None:
+    """``device_junctions``: the hook sets ``KVCacheManager.mamba_shared_prefix_checkpoint``
+    and every ``MambaManager.shared_prefix_checkpoint`` (the two must agree), so the
+    connector stands down where vLLM now keys the junction state itself."""
+    pytest.importorskip("vllm")
+    from engine_sim import Engine
+    from vllm.v1.core.single_type_kv_cache_manager import MambaManager
+
+    e = Engine({"store": "memory", "namespace": "jn-device", "junction_checkpoints": True,
+                "device_junctions": True},
+               num_blocks=96, groups=(("full_attention", 16), ("mamba", 16)), h=4,
+               max_batched=64)
+    kvm = e.sched.kv_cache_manager
+    mamba = [m for m in kvm.coordinator.single_type_managers if isinstance(m, MambaManager)]
+    assert e.conn.scheduler_side.vllm_keys_junctions is True
+    assert kvm.mamba_shared_prefix_checkpoint and mamba
+    assert all(m.shared_prefix_checkpoint for m in mamba)
+    e.shutdown()

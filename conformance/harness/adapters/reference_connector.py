@@ -52,7 +52,7 @@ class ReferenceConnector(ConnectorAdapter):
         self.workers = [SendingWorker(r, self.geo, self.store)
                         for r in range(self.cconf.num_workers)]
         if self.junctions:  # EXTENSION (docs/junctions.md, "The hook")
-            self.sched.junctions.hook = core_backend.junction_hook()
+            self.sched.junctions.hook = core_backend.junction_hook(self.cconf.device_junctions)
             self.sched.junctions.vllm_keys = core_backend.geo.manager_shared_prefix_checkpoint
 
     # --- scheduler side ----------------------------------------------------------------

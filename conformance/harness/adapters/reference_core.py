@@ -16,6 +16,7 @@ from tailproof.conformance.harness.adapters.core_base import ManagerBackend
 from tailproof.reference.block_pool import Block
 from tailproof.reference.geometry import Geometry
 from tailproof.reference.kv_manager import KVCacheManager
+from tailproof.reference.managers import MambaAlignManager
 from tailproof.reference.request import Request, RequestStatus
 from tailproof.reference.scheduler_split import plan_chunk
 
@@ -70,13 +71,18 @@ class ReferenceCoreBackend(ManagerBackend):
     def plan_chunk(self, rid: str, num_new_tokens: int, hit_tokens: int, external: int) -> int:
         return plan_chunk(self.geo, self.requests[rid], num_new_tokens, hit_tokens, external)
 
-    def junction_hook(self) -> bool:
+    def junction_hook(self, manager_keys: bool = False) -> bool:
         """EXTENSION (docs/junctions.md, "The hook"): the connector's scheduler hook sets
         ``Scheduler.mamba_shared_prefix_checkpoint``, refused without partial hits (vLLM 0.33's
-        ``mamba_partial_cache_hit``). Returns whether the split now stops at the junction."""
+        ``mamba_partial_cache_hit``); with ``manager_keys`` (``device_junctions``) also the
+        managers' junction keying. Returns whether the split now stops at the junction."""
         if not self.geo.mamba_partial_cache_hit:
             return False
-        self.geo = replace(self.geo, scheduler_junction_hook=True)
+        self.geo = replace(self.geo, scheduler_junction_hook=True,
+                           manager_junction_hook=manager_keys)
+        for m in self.manager.coordinator.managers:
+            if isinstance(m, MambaAlignManager):  # KVCacheManager.__init__ sets Mamba's only
+                m.shared_prefix_checkpoint = self.geo.manager_shared_prefix_checkpoint
         return True
 
     def allocate(

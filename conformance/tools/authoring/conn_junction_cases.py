@@ -1,5 +1,5 @@
 """The junction checkpoint extension's corpus (``docs/junctions.md``, "The extension"),
-``conformance/cases/conn_x14``-``conn_x21``, as scheduler scripts
+``conformance/cases/conn_x14``-``conn_x22``, as scheduler scripts
 (``tailproof.conformance.tools.authoring.author``).
 
 Junction checkpoints are not in vLLM 0.33: these cases turn ``junction_checkpoints`` on in
@@ -240,6 +240,60 @@ def junction_at_vllm_junction_unkeyed() -> Case:
     return c
 
 
+def device_junction_keyed() -> Case:
+    c = case("conn_x21_device_junction_keyed",
+             "Device junctions (docs/junctions.md, 'Device junctions'): x20's requests with "
+             "device_junctions on, so the hook also sets the managers' junction keying "
+             "(KVCacheManager.mamba_shared_prefix_checkpoint, no EAGLE group). B's chunk stops "
+             "at vLLM's own junction 20 and MambaManager keys its state there itself: the "
+             "connector takes no junction job (no copies in the step's meta); B's next chunk "
+             "copies the keyed block (CoW) and hands it off as a boundary state, stored under "
+             "key 20 with FA block 4. C shares the 22 tokens and hits 20 on the device.",
+             config(G4, 4, 96, device_junctions=True))
+    prefill_a(c)
+    c.add("B", [of("A", 22), rng(200, 218)])
+    c.step(admit=("B",))
+    c.op("conn_state")
+    work(c)
+    c.step(run=("B",))
+    work(c)
+    c.op("store_keys")
+    c.add("C", [of("A", 22), rng(300, 318)])
+    c.op("store_lookup", rid="C")
+    c.step(run=("B",), admit=("C",))
+    c.op("table", rid="C")
+    c.op("snapshot")
+    return c
+
+
+def device_keyed_store_side_junction() -> Case:
+    c = case("conn_x22_device_keyed_store_side_junction",
+             "Device junctions at the connector's own junction (docs/junctions.md, 'Device "
+             "junctions'): x14's requests (FA16+M16, h4) with device_junctions on. B's junction "
+             "20 is store-side (vLLM marks none: attention keys no block there); the connector "
+             "sets B's shared_prefix_boundary to 20 and the chunk stops there; MambaManager, "
+             "keying at the request's junction through the hook, keys the state itself and B's "
+             "next chunk hands it off (CoW). 20 is off FA's 16-block grid, so the hand-off "
+             "carries no attention KV up to it and the connector still takes the junction job "
+             "(FA block 1 and a copy under key 20). C shares the 22 tokens and loads 20 from "
+             "the store.",
+             config(G16, 4, device_junctions=True))
+    prefill_a(c)
+    c.add("B", [of("A", 22), rng(200, 218)])
+    c.step(admit=("B",))
+    c.op("conn_state")
+    work(c)
+    c.step(run=("B",))
+    work(c)
+    c.op("store_keys")
+    c.add("C", [of("A", 22), rng(300, 318)])
+    c.op("store_lookup", rid="C")
+    c.step(run=("B",), admit=("C",))
+    c.op("table", rid="C")
+    c.op("snapshot")
+    return c
+
+
 BUILDERS: list[Callable[[], Case]] = [
     junction_stored_and_loaded,
     junction_sets_nothing,
@@ -248,6 +302,8 @@ BUILDERS: list[Callable[[], Case]] = [
     junction_pins_two_workers,
     lookup_waits_for_junction_job,
     junction_at_vllm_junction_unkeyed,
+    device_junction_keyed,
+    device_keyed_store_side_junction,
 ]
 
 if __name__ == "__main__":

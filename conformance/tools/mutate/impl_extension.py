@@ -84,6 +84,18 @@ MUTANTS: list[Mutant] = [
            "vLLM's own junction is skipped even where MambaManager keys no state there (no "
            "EAGLE group): the chunk stops at it and the state is lost, so every later "
            "request sharing the prefix recomputes it (issue 22's agent workload)"),
+    Mutant("jn-device-keys-manager-unset", JN, "key_device_junctions",
+           "manager.shared_prefix_checkpoint = True",
+           "manager.shared_prefix_checkpoint = False",
+           "device_junctions sets the KVCacheManager's flag but not the MambaManagers': the "
+           "split stops at the junction and the connector stands down, yet nothing keys the "
+           "state there (the disagreement KVCacheManager.__init__ warns of)"),
+    Mutant("jn-device-keyed-off-attention-grid", JN, "JunctionCheckpoints._set_junction",
+           "if self.vllm_keys_junctions and all(",
+           "if self.vllm_keys_junctions or all(",
+           "with device_junctions the connector skips the junction job at a junction off the "
+           "attention grid too: the hand-off stores the Mamba state but no attention KV up to "
+           "it, so a later request's store hit stops at the attention block below"),
 ]
 
 
