@@ -203,7 +203,7 @@ def mooncake_target(geom: Any, pool: Pool) -> tuple[Any, Any]:
     )
 
     kvc = kv_cache_config(len(pool.blocks), GROUPS, H)
-    coord = MooncakeStoreCoordinator(list(kvc.kv_cache_groups), geom.lcm_block_size, H,
+    coord = MooncakeStoreCoordinator(list(kvc.kv_cache_groups), geom.scheduler_block_size, H,
                                      enable_partial_hash_hits=geom.partial_hits)
     hits: dict[str, int] = {}
     s = object.__new__(MooncakeStoreScheduler)
@@ -215,7 +215,7 @@ def mooncake_target(geom: Any, pool: Pool) -> tuple[Any, Any]:
     s.kv_cache_config = kvc
     s._store_group_ids = kvc.prefix_cacheable_group_ids
     s._store_group_id_by_kv_cache_group_id = {g: i for i, g in enumerate(s._store_group_ids)}
-    s._block_size, s._hash_block_size = geom.lcm_block_size, H
+    s._block_size, s._hash_block_size = geom.scheduler_block_size, H
     s._boundary_state_group_ids = frozenset(geom.mamba_group_ids)
     s._capacity_only = False
     s._store_coord = coord
@@ -277,7 +277,7 @@ def test_replay_is_equivalent(trace: tuple, name: str) -> None:
     _play_all(play, evs)
     assert steps > 50
     assert all(b.ref_cnt == 0 for b in pool.blocks)
-    pinned = target.pinned_saves if name == "tailproof" else target._pinned_saves
+    pinned = target.held if name == "tailproof" else target._pinned_saves
     assert pinned == {}
 
 

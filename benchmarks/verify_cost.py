@@ -34,7 +34,7 @@ BS, H, NB = 1024, 16, 4
 ATTN_LAYERS, MAMBA_LAYERS = 4, 24
 CONV, SSM = (8192 + 2 * 8 * 128) * 3, 128 * 64 * 128  # bf16 elements per Mamba block
 GEO = StoreGeometry(core_group_ids=(0, 1), block_sizes=(BS, BS), is_mamba=(False, True),
-                hash_block_size=H, lcm_block_size=BS, partial_hits=False, use_eagle=False,
+                hash_block_size=H, scheduler_block_size=BS, partial_hits=False, use_eagle=False,
                 num_blocks=NB)
 HASHES = [i.to_bytes(8, "little") * 4 for i in range(BS // H)]
 

@@ -107,8 +107,8 @@ def run(variant: str, length: int, waiting: int) -> tuple[float, int, int]:
                         offsets[job.req_id] = job.token_len_chunk
                     done[job.store_job_id] = offsets.get(job.req_id, 0)
                 kvo = KVConnectorOutput(kv_connector_worker_meta=TailproofWorkerMeta(
-                    completed_saves={j: 1 for j in side.pinned_saves},
-                    saved_offsets={j: done.pop(j) for j in side.pinned_saves}))
+                    completed_saves={j: 1 for j in side.held},
+                    saved_offsets={j: done.pop(j) for j in side.held}))
             # schedule() already advanced num_computed_tokens: a finished prefill samples
             sampled = [[7] if sched.requests[r].num_computed_tokens >= sched.requests[r].num_tokens
                        else [] for r in rids]

@@ -328,7 +328,7 @@ class StoreGeometry:
     block_sizes: tuple[int, ...]  # per store group (DCP-resolved)
     is_mamba: tuple[bool, ...]  # per store group
     hash_block_size: int  # h
-    lcm_block_size: int  # scheduler block size
+    scheduler_block_size: int  # scheduler block size
     partial_hits: bool  # hits land on h (else on the lcm)
     use_eagle: bool  # EAGLE block drop (ck(P) one unit lower, FA proof margins)
     eagle_group_ids: frozenset[int] = frozenset()  # store groups with an EAGLE proof margin
@@ -340,7 +340,7 @@ class StoreGeometry:
     @property
     def alignment(self) -> int:
         """A: the unit every lookup hit is a multiple of."""
-        return self.hash_block_size if self.partial_hits else self.lcm_block_size
+        return self.hash_block_size if self.partial_hits else self.scheduler_block_size
 
     @property
     def mamba_group_ids(self) -> frozenset[int]:
@@ -389,9 +389,9 @@ def check_geometry(geo: StoreGeometry) -> list[str]:
                 f"{geo.core_group_ids[i]}; set --prefix-match-unit to a divisor of every "
                 "group's block size"
             )
-    if geo.block_sizes and geo.lcm_block_size != lcm_all(list(geo.block_sizes)):
+    if geo.block_sizes and geo.scheduler_block_size != lcm_all(list(geo.block_sizes)):
         problems.append(
-            f"scheduler block size {geo.lcm_block_size} is not the lcm of the group block "
+            f"scheduler block size {geo.scheduler_block_size} is not the lcm of the group block "
             f"sizes {list(geo.block_sizes)}"
         )
     return problems
@@ -434,7 +434,7 @@ def geometry_from_vllm(vllm_config: Any, kv_cache_config: Any) -> StoreGeometry:
         block_sizes=tuple(resolve_dcp_kv_block_size(g.kv_cache_spec, dcp) for g in groups),
         is_mamba=tuple(isinstance(g.kv_cache_spec, MambaSpec) for g in groups),
         hash_block_size=h,
-        lcm_block_size=lcm,
+        scheduler_block_size=lcm,
         partial_hits=alignment is not None and alignment < lcm,
         use_eagle=use_eagle,
         eagle_group_ids=frozenset(eagle_group_ids),

@@ -113,7 +113,7 @@ def build_coordinator(
         for g in (kv_cache_config.kv_cache_groups[i] for i in geo.core_group_ids)
     ]
     return MooncakeStoreCoordinator(
-        groups, geo.lcm_block_size, geo.hash_block_size, use_eagle=geo.use_eagle,
+        groups, geo.scheduler_block_size, geo.hash_block_size, use_eagle=geo.use_eagle,
         retention_interval=kv_cache_config.prefix_cache_retention_interval,
         enable_partial_hash_hits=geo.partial_hits,
     )

@@ -243,7 +243,7 @@ def layout_parts(vllm_config: Any, kv_cache_config: Any, geo: Any) -> dict[str, 
 
 def geometry_parts(geo: Any) -> dict[str, Any]:
     return {"block_sizes": list(geo.block_sizes), "mamba": list(geo.is_mamba),
-            "h": geo.hash_block_size, "lcm": geo.lcm_block_size,
+            "h": geo.hash_block_size, "lcm": geo.scheduler_block_size,
             "partial_hits": geo.partial_hits, "eagle": geo.use_eagle}
 
 

@@ -213,7 +213,7 @@ class JunctionCheckpoints:
             meta.snapshots += [Snapshot(rid, g, src, slot, n) for g, src, slot in
                                zip(self._mamba_groups, srcs, slots, strict=True)]
             ids = tuple(list(table[g]) for g in geo.core_group_ids)
-            lcm = geo.lcm_block_size
+            lcm = geo.scheduler_block_size
             job = self._checkpoint_job(req, slots, n, ids, n // lcm * lcm, n, "junction_jobs")
             blocks = self.pool.blocks
             self.pool.free_blocks([blocks[b] for b in slots])

@@ -328,7 +328,7 @@ class StoreLookup:
             memo.frontier = i if i < known else -1
             if memo.frontier < 0:
                 return None
-        return cands.end(memo.frontier) + self.geo.lcm_block_size
+        return cands.end(memo.frontier) + self.geo.scheduler_block_size
 
     def _probe(self, memo: _Memo, idx: list[int]) -> bool:
         """Ask the store about candidates ``idx`` on every rank; True if one became present."""

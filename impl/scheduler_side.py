@@ -122,7 +122,7 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
         # it; its lookup client reads the same object.
         self.key_epoch = lookup.key_epoch if isinstance(lookup, StoreLookup) else KeyEpoch()
         self.next_store_job_id = 0
-        self.pinned_saves: dict[int, tuple[list[int], int]] = {}  # job -> (block ids, ranks left)
+        self.held: dict[int, tuple[list[int], int]] = {}  # job -> (block ids, ranks left)
         # ``readable_pins``: pinned normal-save job -> [its tracker, the tracker's life, the
         # lowest saved offset the ranks reported so far (None: none yet)].
         self._save_jobs: dict[int, list[Any]] = {}
@@ -183,7 +183,8 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
         if self._inflight and self._awaits_inflight(request, max(res.hit_length, num_computed)):
             self.metrics.c.inc("lookups_deferred")
             return None, False  # vLLM asks again next step (``Scheduler.schedule``: skipped)
-        self.metrics.record_lookup(request.num_tokens, res.hit_length, self.geo.lcm_block_size)
+        self.metrics.record_lookup(request.num_tokens, res.hit_length,
+                                   self.geo.scheduler_block_size)
         need = res.hit_length - num_computed
         if need <= 0:
             return 0, False
@@ -392,7 +393,7 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
 
     def _maybe_save(self, t: RequestTracker, req: Any, pending: list[StoreJob], skip: bool) -> None:
         """Mooncake's ``ReqMeta.from_request_tracker`` save decision."""
-        lcm = self.geo.lcm_block_size
+        lcm = self.geo.scheduler_block_size
         to_save = t.token_len // lcm * lcm
         boundary = -(-(t.num_saved_tokens + 1) // lcm) * lcm  # cdiv on ints (hot path)
         prompt = req.num_prompt_tokens
@@ -469,7 +470,7 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
             mamba_tail_boundaries=mamba_tails, block_ids=s.block_ids,
             block_sizes=geo.block_sizes, is_mamba=geo.is_mamba,
             eagle_margins=self._eagle_margins, hash_block_size=geo.hash_block_size,
-            lcm_block_size=geo.lcm_block_size, use_eagle=geo.use_eagle)
+            scheduler_block_size=geo.scheduler_block_size, use_eagle=geo.use_eagle)
         return [BoundaryPut(*p) for p in puts]
 
     def _pin(self, s: StoreJob) -> bool:
@@ -493,7 +494,7 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
         if job is None:
             return False
         s.store_job_id = job
-        if t is not None and job in self.pinned_saves:
+        if t is not None and job in self.held:
             self._save_jobs[job] = [t, t.life, None]
         if self._track_inflight:
             self._register_inflight(s)
@@ -543,7 +544,7 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
         if ids:
             if self.pool is None:
                 raise AssertionError("GPU block pool must be bound before a store job")
-            self.pinned_saves[job] = (ids, self.num_workers)
+            self.held[job] = (ids, self.num_workers)
             blocks = self.pool.blocks
             self.pool.touch([blocks[b] for b in ids])
             self.metrics.pinned_blocks += len(ids)
@@ -609,7 +610,7 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
         offsets = worker_meta.saved_offsets
         saves = self._save_jobs
         for job, count in worker_meta.completed_saves.items():
-            entry = self.pinned_saves.get(job)
+            entry = self.held.get(job)
             if entry is None:
                 continue  # a job that pinned nothing
             if (ent := saves.get(job)) is not None:
@@ -618,11 +619,11 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
             ids, left = entry
             left -= count
             if left > 0:
-                self.pinned_saves[job] = (ids, left)
+                self.held[job] = (ids, left)
                 continue
             if left < 0:
                 raise AssertionError(f"store job {job} reported by too many workers")
-            del self.pinned_saves[job]
+            del self.held[job]
             if ent is not None:
                 del saves[job]
                 t, life, off = ent
@@ -635,7 +636,7 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
 
     def has_pending_push_work(self) -> bool:
         """Keep the engine stepping while a store job still holds block references."""
-        return bool(self.pinned_saves)
+        return bool(self.held)
 
     def reset(self) -> None:
         """Forget pending loads (the store is being emptied); pins stay with their jobs."""
@@ -651,7 +652,7 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
             used = pool.num_gpu_blocks - pool.get_num_free_blocks() - 1  # the null block
             if used > 0:
                 return f"{used} GPU block(s) still in use"
-        pending = (len(self.pinned_saves) + len(self.finished_partial_tails)
+        pending = (len(self.held) + len(self.finished_partial_tails)
                    + len(self.finished_turn_ends))
         if pending:
             return f"{pending} store job(s) still pending"

@@ -45,7 +45,7 @@ class TurnEndCheckpoints:
     geo: StoreGeometry
     pool: Any
     metrics: SchedulerMetrics
-    pinned_saves: dict[int, tuple[list[int], int]]
+    held: dict[int, tuple[list[int], int]]
     request_trackers: dict[str, Any]
     unfinished_requests: dict[str, tuple[Any, tuple[list[int], ...]]]
     _eagle_margins: tuple[int, ...]
@@ -92,7 +92,7 @@ class TurnEndCheckpoints:
 
     def _register_inflight(self, s: StoreJob) -> None:
         """Remember the Mamba boundary keys of a pinned job until its pins are released."""
-        if s.store_job_id not in self.pinned_saves:
+        if s.store_job_id not in self.held:
             return  # nothing pinned, nothing released later: never a key to wait on
         h, mamba = self.geo.hash_block_size, self.geo.is_mamba
         keys = []

@@ -252,7 +252,8 @@ class WorkerSide:
     def _target_blocks(self, job: LoadJob) -> list[int]:
         """The request's blocks the load would fill (its private, freshly allocated blocks past
         the block-aligned local hit): reported by id when a synchronous load fails."""
-        start = job.vllm_cached_tokens // self.geo.lcm_block_size * self.geo.lcm_block_size
+        sbs = self.geo.scheduler_block_size
+        start = job.vllm_cached_tokens // sbs * sbs
         return [b for g, bs in enumerate(self.geo.block_sizes)
                 for b in job.block_ids[g][start // bs :] if b != NULL_BLOCK_ID]
 
@@ -260,7 +261,7 @@ class WorkerSide:
         """(group, block id, key hash) of every block the load fills."""
         geo = self.geo
         h = geo.hash_block_size
-        start = job.vllm_cached_tokens // geo.lcm_block_size * geo.lcm_block_size
+        start = job.vllm_cached_tokens // geo.scheduler_block_size * geo.scheduler_block_size
         masks = (self.coord.load_mask(job.block_hashes, job.kvpool_cached_tokens)
                  if self.coord else None)
         plan: list[tuple[int, int, bytes]] = []
@@ -471,7 +472,7 @@ class WorkerSide:
         return job.store_job_id in self.stored_requests.get(job.req_id, ())
 
     def _handle_request(self, job: StoreJob) -> None:
-        lcm = self.geo.lcm_block_size
+        lcm = self.geo.scheduler_block_size
         token_len = job.token_len_chunk // lcm * lcm
         with self._lock:
             live = self._live(job)

@@ -139,7 +139,8 @@ def partial_tail_puts(
     *, num_prompt_tokens: int, completed_token_len: int, num_hashes: int,
     publish_partial_tail: bool, mamba_tail_boundaries: list[int],
     block_ids: tuple[list[int], ...], block_sizes: tuple[int, ...], is_mamba: tuple[bool, ...],
-    eagle_margins: tuple[int, ...], hash_block_size: int, lcm_block_size: int, use_eagle: bool,
+    eagle_margins: tuple[int, ...], hash_block_size: int, scheduler_block_size: int,
+    use_eagle: bool,
 ) -> list[tuple[int, int, int]]:
     """Attention blocks a partial tail publishes, as ``(group, block id, num_tokens)`` (mirrors
     ``mooncake.store.scheduler._partial_tail_non_mamba_puts``, MS:62-132).
@@ -170,7 +171,7 @@ def partial_tail_puts(
         proof_end = boundary + margin
         if proof_end > completed_token_len or proof_end // h > num_hashes:
             continue
-        first, end = tail_put_range(boundary, lcm_block_size, bs, margin)
+        first, end = tail_put_range(boundary, scheduler_block_size, bs, margin)
         table = block_ids[g]
         for idx in range(first, min(end, len(table))):
             if table[idx] != NULL_BLOCK_ID:

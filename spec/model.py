@@ -34,9 +34,9 @@ from .arithmetic import (
     snapshot_due,
     tail_put_range,
 )
-from .records import FA, MAMBA, NULL, Config, Hit, Job, Key, Put, Req, ck_int
+from .records import FA, MAMBA, NULL, Config, Hit, Key, Put, Req, StoreJob, ck_int
 
-__all__ = ["FA", "MAMBA", "NULL", "Config", "Hit", "Job", "Key", "NoBlocks", "Put", "Req",
+__all__ = ["FA", "MAMBA", "NULL", "Config", "Hit", "StoreJob", "Key", "NoBlocks", "Put", "Req",
            "State", "ck_int", "initial"]
 
 
@@ -58,7 +58,7 @@ class State:
         self.pending_copies: list[tuple[int, int, int]] = []  # (group, src, dst), undrained
         self.retained: list[tuple[int, tuple[int, ...], str]] = []  # (fence, ids, cow|req)
         self.offloads: list[tuple[int, int, int, int]] = []  # (rid, group, block, boundary)
-        self.jobs: dict[int, Job] = {}
+        self.jobs: dict[int, StoreJob] = {}
         self.next_job = 0
         self.store: dict[tuple[int, int, tuple[int, ...]], Key | None] = {}  # (rank, g, p)
         self.pressure = False
@@ -217,7 +217,7 @@ class State:
         self.pressure = True
         self.skip = self.skip | {rid}
 
-    def unpins(self, j: Job) -> bool:
+    def unpins(self, j: StoreJob) -> bool:
         """``update_connector_output``: a job unpins when every rank has reported."""
         return len(j.reported) == self.cfg.workers
 
@@ -423,7 +423,8 @@ class State:
         self.drop_handoffs(rid)
         self.free_blocks(self.pop_tables(r))
         self.release_slot(r)
-        r.status, r.computed, r.marker, r.stops, r.epoch = "waiting", 0, None, (), r.epoch + 1
+        r.status, r.computed, r.marker, r.stops = "waiting", 0, None, ()
+        r.generation += 1
 
     def do_end_schedule(self) -> None:
         """End of ``Scheduler.schedule``: drain hand-offs (step 4), drain copies and release or
@@ -463,7 +464,7 @@ class State:
         ids = self.job_blocks(r, puts, j)
         self.pin(ids)
         self.free_blocks([slot])
-        self.jobs[self.next_job] = Job(rid, r.epoch, tuple(ids), tuple(puts), self.step)
+        self.jobs[self.next_job] = StoreJob(rid, r.generation, tuple(ids), tuple(puts), self.step)
         self.next_job += 1
 
     # ----------------------------------------------------------------- turn-end extension
@@ -525,7 +526,7 @@ class State:
         self.pin(ids)
         self.release_slot(r)
         fence = self.executed if fence is None else fence
-        self.jobs[self.next_job] = Job(rid, r.epoch, tuple(ids), tuple(puts), fence)
+        self.jobs[self.next_job] = StoreJob(rid, r.generation, tuple(ids), tuple(puts), fence)
         self.next_job += 1
 
     def _hand_off(self, rid: int, g: int, b: int, n: int, fence: int) -> None:
@@ -544,7 +545,7 @@ class State:
                      for i in range(lo, min(hi, len(r.fa))) if r.fa[i] != NULL]
         ids = self.job_blocks(r, puts, n)
         self.pin(ids)
-        self.jobs[self.next_job] = Job(rid, r.epoch, tuple(ids), tuple(puts), fence)
+        self.jobs[self.next_job] = StoreJob(rid, r.generation, tuple(ids), tuple(puts), fence)
         self.next_job += 1
 
     def do_execute(self) -> None:
@@ -632,7 +633,7 @@ class State:
         boundary puts (``ok``: all stored; ``full``: -200, pressure; ``error``: nothing)."""
         j = self.jobs[jid]
         self.jobs[jid] = j.but(ran=j.ran | {rank})
-        live = self.reqs[j.rid].epoch == j.epoch
+        live = self.reqs[j.rid].generation == j.generation
         if not live or (self.pressure and j.rid in self.skip):
             return
         new = [(g, p, b) for g, p, b in j.puts if (rank, g, p) not in self.store]

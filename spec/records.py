@@ -1,6 +1,6 @@
 """The records of the spec: the instance a model runs on and the values a state holds.
 
-:class:`Config` is one model instance (geometry, pool, workload); :class:`Req`, :class:`Job`
+:class:`Config` is one model instance (geometry, pool, workload); :class:`Req`, :class:`StoreJob`
 and :class:`Hit` are a request, a connector store job and the last lookup. The transition
 rules that change them are in :mod:`spec.model`.
 """
@@ -80,7 +80,7 @@ class Req:
     mamba: list[int] = field(default_factory=list)
     marker: tuple[int, int] | None = None  # _producer_partial_tail_reqs: (source block, boundary)
     stops: tuple[int, ...] = ()  # chunk ends since the last (re)start
-    epoch: int = 0  # bumped by preemption: older store jobs become "not live"
+    generation: int = 0  # bumped by preemption: older store jobs become "not live"
     slot: tuple[int, int] | None = None  # turn-end snapshot: (connector-held block, boundary)
 
     def clone(self) -> Req:
@@ -91,11 +91,11 @@ class Req:
 
 
 @dataclass
-class Job:
+class StoreJob:
     """A connector store job: the distinct blocks it pins and the boundary puts it performs."""
 
     rid: int
-    epoch: int
+    generation: int
     ids: tuple[int, ...]
     puts: tuple[Put, ...]
     fence: int  # the step whose execution the job synchronizes on (current_event.synchronize)
@@ -103,10 +103,10 @@ class Job:
     reported: frozenset[int] = frozenset()
     released: bool = False
 
-    def but(self, **changes: object) -> Job:
+    def but(self, **changes: object) -> StoreJob:
         """A copy with ``changes`` (``dataclasses.replace`` without its per-call introspection:
         the bounded search copies a job on every worker step)."""
-        j = Job.__new__(Job)
+        j = StoreJob.__new__(StoreJob)
         j.__dict__.update(self.__dict__)
         j.__dict__.update(changes)
         return j

@@ -58,7 +58,7 @@ from functools import cache
 from itertools import permutations
 from typing import Any
 
-from .records import Job
+from .records import StoreJob
 
 #: ``spec.model.State`` (model imports this module, so the name is not imported here: the
 #: import contracts forbid even an annotation-only cycle).
@@ -104,10 +104,10 @@ def _walk_order(s: State) -> list[int]:
     return list(dict.fromkeys(walk))
 
 
-def _job_shape(j: Job) -> tuple:
+def _job_shape(j: StoreJob) -> tuple:
     """A store job without its block and rank names: the walk's order over jobs (ties keep
     creation order, which ``sort`` preserves)."""
-    return (j.rid, j.epoch, j.fence, tuple([(g, p) for g, p, _ in j.puts]), j.released,
+    return (j.rid, j.generation, j.fence, tuple([(g, p) for g, p, _ in j.puts]), j.released,
             len(j.ran), len(j.reported))
 
 
@@ -139,12 +139,12 @@ def canonical(s: State, reduce: bool = True) -> tuple[tuple, list[int], tuple[in
     lg = lab.__getitem__
     reqs = tuple([
         (r.status, r.computed, tuple(map(lg, r.fa)), tuple(map(lg, r.mamba)),
-         None if r.marker is None else (lg(r.marker[0]), r.marker[1]), r.stops, r.epoch,
+         None if r.marker is None else (lg(r.marker[0]), r.marker[1]), r.stops, r.generation,
          None if r.slot is None else (lg(r.slot[0]), r.slot[1]))
         for r in s.reqs])
     ex = s.executed
     mask = _mask
-    jobs = [(j.rid, j.epoch, tuple(map(lg, j.ids)),
+    jobs = [(j.rid, j.generation, tuple(map(lg, j.ids)),
              tuple([(g, p, lg(b)) for g, p, b in j.puts]), ex - j.fence, mask(j.ran),
              mask(j.reported), j.released) for j in s.jobs.values()]
     ranks, ren = _ranks_canonical(s, jobs, reduce)

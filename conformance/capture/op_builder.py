@@ -79,7 +79,7 @@ class OpBuilder:
         self.next_handle = 0
         self.last_handle: int | None = None
         self.last_lookup: str | None = None
-        self.boundary_of: dict[bytes, int] | None = None  # for snapshots only
+        self.boundary_of: dict[bytes, int] | None = None  # for pool_state ops only
 
     # -- output -------------------------------------------------------------------------
     def _write(self, op: dict[str, Any], expect: dict[str, Any], free: int) -> None:
@@ -291,25 +291,25 @@ class OpBuilder:
                         "expect": {"computed": computed, "free": free}})
         s.computed = computed
 
-    # -- snapshots ----------------------------------------------------------------------
-    def enable_snapshots(self) -> None:
-        """Keep the hash -> boundary map that ``snapshot`` needs (costs memory per hash)."""
+    # -- pool_state ops ---------------------------------------------------------------------
+    def enable_pool_states(self) -> None:
+        """Keep the hash -> boundary map that ``pool_state`` needs (costs memory per hash)."""
         if self.boundary_of is None:
             self.boundary_of = {}
             for s in self.shadows.values():
                 self._note_hashes(s.obj, len(s.obj.block_hashes))
 
-    def snapshot(self, refs: list[list[int]], order: list[int],
+    def pool_state(self, refs: list[list[int]], order: list[int],
                  keys: list[tuple[bytes, int, list[int]]], free: int) -> None:
-        """A ``snapshot`` op from the pool state read on the step path: ``keys`` holds
+        """A ``pool_state`` op from the pool state read on the step path: ``keys`` holds
         (block hash, group, block ids) of each cached key."""
         assert self.boundary_of is not None
         out = []
         for bh, group, ids in keys:
             boundary = self.boundary_of.get(bh)
             if boundary is None:
-                self.unmodelled_call("snapshot key of an unknown hash")
+                self.unmodelled_call("pool_state key of an unknown hash")
                 continue
             out.extend([group, boundary, i] for i in ids)
-        self._write({"op": "snapshot"},
+        self._write({"op": "pool_state"},
                     {"refcounts": refs, "free_queue": order, "keys": sorted(out)}, free)

@@ -170,7 +170,7 @@ class Recorder:
         self._depth = 0
         self._absorb_truncate = False  # a connector lookup's truncate is part of its op
         self._finish_pending: str | None = None  # set by the connector recorder
-        self._lock = threading.RLock()  # close() / snapshot() against a running engine
+        self._lock = threading.RLock()  # close() / pool_state() against a running engine
         self._queue = self.pool.free_block_queue  # BlockPool.get_num_free_blocks reads it
         self.closed = False
         note = None if self.config.get("connector") else connector_note(scheduler)
@@ -457,13 +457,13 @@ class Recorder:
             last, self._batch = self._batch, []
             self.writer.close(last)
 
-    # -- snapshots ----------------------------------------------------------------------
-    def enable_snapshots(self) -> None:
-        """Keep the hash -> boundary map that ``snapshot`` needs (costs memory per hash)."""
-        self._push((self.builder.enable_snapshots,))
+    # -- pool_state ops ---------------------------------------------------------------------
+    def enable_pool_states(self) -> None:
+        """Keep the hash -> boundary map that ``pool_state`` needs (costs memory per hash)."""
+        self._push((self.builder.enable_pool_states,))
 
-    def snapshot(self) -> None:
-        """Write a ``snapshot`` op: the pool's refcounts, free queue and cached keys."""
+    def pool_state(self) -> None:
+        """Write a ``pool_state`` op: the pool's refcounts, free queue and cached keys."""
         with self._lock:
             pool = self.pool
             refs = [[b.block_id, b.ref_cnt] for b in pool.blocks[1:] if b.ref_cnt > 0]
@@ -477,7 +477,7 @@ class Recorder:
                 blocks = val.values() if isinstance(val, dict) else [val]
                 keys.append((bytes(key[:-4]), int.from_bytes(key[-4:], "big"),
                              [blk.block_id for blk in blocks]))
-            self._push((self.builder.snapshot, refs, order, keys, q.num_free_blocks))
+            self._push((self.builder.pool_state, refs, order, keys, q.num_free_blocks))
 
 
 def _request_status() -> Any:

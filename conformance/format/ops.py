@@ -59,7 +59,7 @@ CORE_OPS: dict[str, dict[str, Field]] = {
     "evict": {"blocks": Field(IDS, None), "keys": Field(KEYS, None)},
     "reset": {},
     "truncate": {"rid": Field(RID), "n": Field(NAT)},
-    "snapshot": {},
+    "pool_state": {},
     "table": {"rid": Field(RID)},
 }
 
@@ -87,6 +87,11 @@ CONNECTOR_OP_SPECS: dict[str, dict[str, Field]] = {
 }
 
 CONNECTOR_OPS = frozenset(CONNECTOR_OP_SPECS)
+
+
+# Op names renamed within format 1: an old trace's op is read under its new name
+# (docs/trace-format.md, "Stability").
+RENAMED_OPS = {"snapshot": "pool_state"}  # rename: keep (the old name must stay readable)
 
 
 def all_op_specs() -> dict[str, dict[str, Field]]:

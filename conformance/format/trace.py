@@ -260,6 +260,7 @@ class OpReader:
         if not isinstance(op, dict):
             raise _err(source, where, "must be an object")
         name = op.get("op")
+        name = opspec.RENAMED_OPS.get(name, name) if isinstance(name, str) else name
         if not isinstance(name, str) or name not in self.specs:
             raise _err(source, f"{where}.op", f"unknown op {name!r}")
         spec = self.specs[name]

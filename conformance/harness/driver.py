@@ -321,7 +321,7 @@ class CoreDriver:
     def _op_reset(self, op: dict[str, Any]) -> Observation:
         return {"ok": self.core.reset()}
 
-    def _op_snapshot(self, op: dict[str, Any]) -> Observation:
+    def _op_pool_state(self, op: dict[str, Any]) -> Observation:
         return {
             "refcounts": [[b, r] for b, r in sorted(self.core.refcounts().items())],
             "free_queue": self.core.free_queue(),

@@ -55,7 +55,7 @@ GEOMETRIES: list[Geometry] = [
     ([(FA, 8, False), (M, 8, False), (M, 16, False)], 4, False),  # Mamba groups of two sizes
     ([(FA, 4, False), (M, 8, False), (M, 16, False)], 4, True),  # ... with every group EAGLE
 ]
-ACTIONS = ["add", "add", "admit", "admit", "admit", "finish", "preempt", "evict", "snapshot"]
+ACTIONS = ["add", "add", "admit", "admit", "admit", "finish", "preempt", "evict", "pool_state"]
 
 
 def with_junction_checkpoint(geometry: Geometry) -> Geometry:
@@ -232,8 +232,8 @@ class _CoreScript:
             group = self.draw(st.integers(0, self.num_groups - 1))
             self.run.apply(op("evict", keys=[[group, b]]))
 
-    def snapshot(self) -> None:
-        self.run.apply(op("snapshot"))
+    def pool_state(self) -> None:
+        self.run.apply(op("pool_state"))
 
 
 @st.composite
@@ -267,7 +267,7 @@ def lockstep_trace(draw: st.DrawFn, adapters: list[str], max_steps: int = 16,
         script.step()
     for rid in script.running:
         run.apply(op("free", rid=rid))
-    run.apply(op("snapshot"))
+    run.apply(op("pool_state"))
     if draw(st.booleans()):
         run.apply(op("reset"))
     return run

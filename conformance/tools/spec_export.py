@@ -96,7 +96,7 @@ def to_trace(cfg: Config, actions: list[tuple], name: str, description: str) -> 
         s = s.apply(act)
     for r in commits:
         steps.commit(r)
-    ops.append(op("snapshot"))
+    ops.append(op("pool_state"))
     if conn:
         ops += [op("conn_state"), op("store_keys")]
     return {"format": FORMAT_TAG, "name": name, "description": description,

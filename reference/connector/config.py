@@ -85,7 +85,7 @@ class StoreGeometry:
     windows: tuple[int | None, ...]  # per group: the sliding window in tokens, else None
     mamba_group_ids: frozenset[int]
     hash_block_size: int
-    lcm_block_size: int
+    scheduler_block_size: int
     partial_hits: bool
     use_eagle: bool
     attention_groups: tuple[SpecGroup, ...]
@@ -95,7 +95,7 @@ class StoreGeometry:
     @property
     def alignment(self) -> int:
         """Lookup/save alignment (MCO:167-173, MS:225-227): h with partial hits, else lcm."""
-        return self.hash_block_size if self.partial_hits else self.lcm_block_size
+        return self.hash_block_size if self.partial_hits else self.scheduler_block_size
 
     def align_lookup_length(self, n: int) -> int:
         """``align_lookup_length`` (MCO:167-173)."""

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from tailproof.reference.connector.config import ConnectorConfig, StoreGeometry
-from tailproof.reference.connector.meta import BoundaryPut, ReqMeta
+from tailproof.reference.connector.meta import BoundaryPut, StoreJob
 from tailproof.reference.connector.turn_end import (
     SlotPool,
     Snapshot,
@@ -134,12 +134,12 @@ class Junctions:
 
     def jobs(self, steps: list[tuple[JunctionRequest, int]],
              current_table: Callable[[str], Sequence[list[int]] | None],
-             ) -> list[tuple[list[Snapshot], ReqMeta, list[int]]]:
+             ) -> list[tuple[list[Snapshot], StoreJob, list[int]]]:
         """For each ``(request, n)`` of the step (``n``: its computed tokens after the step,
         in step order) whose ``n`` is its junction: the copies into fresh blocks, the store job
         and the fresh block ids; the stop is spent either way. None taken (the job skipped)
         when a source is missing or the pool would keep fewer than the reserve."""
-        out: list[tuple[list[Snapshot], ReqMeta, list[int]]] = []
+        out: list[tuple[list[Snapshot], StoreJob, list[int]]] = []
         for req, n in steps:
             rid = req.request_id
             target = self.targets.get(rid)
@@ -159,11 +159,11 @@ class Junctions:
             copies = [Snapshot(rid, g, s, t, n) for g, s, t in zip(self.mamba, src, fresh,
                                                                       strict=True)]
             ids = tuple(list(t) for t in table)
-            lcm = self.geo.lcm_block_size
+            lcm = self.geo.scheduler_block_size
             attention = attention_puts(self.geo, n, n // lcm * lcm, n, len(req.block_hashes),
                                         ids)
             mamba = [BoundaryPut(g, t, n) for g, t in zip(self.mamba, fresh, strict=True)]
-            job = ReqMeta(req_id=rid, token_len_chunk=0, block_ids=ids,
+            job = StoreJob(req_id=rid, token_len_chunk=0, block_ids=ids,
                           block_hashes=list(req.block_hashes), can_save=True,
                           num_prompt_tokens=req.num_prompt_tokens,
                           boundary_puts=[*attention, *mamba], completed_token_len=n)

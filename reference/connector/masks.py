@@ -34,7 +34,7 @@ def _reachable_masks(geo: StoreGeometry, aligned_token_len: int, start_token: in
             window = geo.windows[gid]
             assert window is not None
             masks.append(SlidingWindowManager.reachable_block_mask(
-                start_chunk, end_chunk, geo.lcm_block_size, bs, window,
+                start_chunk, end_chunk, geo.scheduler_block_size, bs, window,
                 gid in geo.eagle_group_ids))
         else:  # full attention; Mamba with dense retention
             masks.append(None)

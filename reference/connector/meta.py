@@ -73,8 +73,9 @@ class RequestTracker:
 
 
 @dataclass
-class ReqMeta:
-    """One request's entry in a step's connector metadata; a store job once it has an id."""
+class StoreJob:
+    """One request's entry in a step's connector metadata (vLLM 0.33's ``ReqMeta`` (MD:752-865)):
+    a store job when ``can_save`` (it gets an id when pinned), else a load (``load_spec``)."""
 
     req_id: str
     token_len_chunk: int
@@ -101,7 +102,7 @@ def from_request_tracker(
     skip_save: bool | None = False,
     save_partial_tail: bool = False,
     num_prompt_tokens: int | None = None,
-) -> ReqMeta | None:
+) -> StoreJob | None:
     """mirrors ``ReqMeta.from_request_tracker`` (MD:788-865): save the lcm floor of the tracked
     length once it passes the next lcm boundary, or when the prompt's partial tail is first due;
     a meta never carries both a save and a load (the load wins)."""
@@ -121,7 +122,7 @@ def from_request_tracker(
         tracker.partial_tail_sent |= publish
     if not (load_spec is not None and load_spec.can_load):
         load_spec = None
-    return ReqMeta(
+    return StoreJob(
         req_id=tracker.req_id, token_len_chunk=to_save, block_ids=tracker.allocated_block_ids,
         block_hashes=block_hashes, can_save=not skip, load_spec=load_spec,
         token_ids_start=start, num_prompt_tokens=num_prompt_tokens,

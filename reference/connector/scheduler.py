@@ -73,8 +73,8 @@ from tailproof.reference.connector.junctions import JunctionRequest, Junctions
 from tailproof.reference.connector.meta import (
     BoundaryPut,
     LoadSpec,
-    ReqMeta,
     RequestTracker,
+    StoreJob,
     from_request_tracker,
 )
 from tailproof.reference.connector.tail import NULL_BLOCK_ID, partial_tail_puts
@@ -133,7 +133,7 @@ class ConnectorScheduler:
         self.num_workers = conf.num_workers
         self.next_store_job_id = 0
         # store_job_id -> (block ids, ranks yet to report)
-        self.pinned_saves: dict[int, tuple[list[int], int]] = {}
+        self.held: dict[int, tuple[list[int], int]] = {}
         # DEVIATION (readable pins): normal-save job -> [tracker, its life, lowest offset yet]
         self.save_jobs: dict[int, list] = {}
         self.earlier_pins = 0  # DEVIATION (pin budget): blocks pinned when the step began
@@ -145,11 +145,11 @@ class ConnectorScheduler:
         self.unfinished_requests: dict[str, tuple[RequestLike, tuple[list[int], ...]]] = {}
         self.unfinished_request_ids: set[str] = set()
         self.admitted: set[str] = set()  # allocated since the last meta (DEVIATION above)
-        self.finished_partial_tails: dict[str, ReqMeta] = {}
+        self.finished_partial_tails: dict[str, StoreJob] = {}
         # EXTENSION (docs/reuse.md): snapshot blocks, the step's copies, the turn-end jobs.
         self.turn_end = TurnEnd(conf, geo, pool)
         self.step_snapshots: list[Snapshot] = []
-        self.turn_end_jobs: dict[str, ReqMeta] = {}
+        self.turn_end_jobs: dict[str, StoreJob] = {}
         extension = conf.turn_end_checkpoints or conf.decode_boundary_saves
         extension = extension or conf.junction_checkpoints
         self.inflight = InflightKeys(geo) if extension and conf.checkpoint_lookup_wait else None
@@ -179,11 +179,11 @@ class ConnectorScheduler:
     def build_connector_meta(
             self, scheduled: list[Scheduled], finished: set[str], preempted: set[str],
             offloads: Offloads, current_table: Callable[[str], tuple[list[int], ...] | None],
-    ) -> list[ReqMeta]:
+    ) -> list[StoreJob]:
         """mirrors ``build_connector_meta`` (MS:304-525); returns the step's metadata rows."""
         conf, geo = self.conf, self.geo
         is_consumer = conf.is_consumer
-        self.earlier_pins = sum(len(pins) for pins, _ in self.pinned_saves.values())
+        self.earlier_pins = sum(len(pins) for pins, _ in self.held.values())
         for rid in sorted(finished):
             self.turn_end.release(rid)  # EXTENSION: finish_turn normally did (then a no-op)
             self.junctions.forget(rid, finished=True)  # EXTENSION (junctions)
@@ -201,7 +201,7 @@ class ConnectorScheduler:
             self.load_specs.pop(rid, None)
             self.unfinished_requests.pop(rid, None)
         self.admitted.clear()
-        rows: list[ReqMeta] = []
+        rows: list[StoreJob] = []
         new = [s for s in scheduled if s.kind == "new"]
         # CachedRequestData lists running requests, then resumed ones (SC:1939).
         cached = [s for s in scheduled if s.kind == "running"]
@@ -221,8 +221,9 @@ class ConnectorScheduler:
             t = RequestTracker(req_id=rid, token_len=spec.kvpool_cached_tokens,
                                allocated_block_ids=block_ids)
             self.request_trackers[rid] = t
-            job = from_request_tracker(t, geo.lcm_block_size, req.block_hashes, load_spec=spec,
-                                       skip_save=None, num_prompt_tokens=req.num_prompt_tokens)
+            job = from_request_tracker(t, geo.scheduler_block_size, req.block_hashes,
+                                       load_spec=spec, skip_save=None,
+                                       num_prompt_tokens=req.num_prompt_tokens)
             if job is not None:
                 rows.append(job)
         decode: dict[str, list[int]] = {}
@@ -279,7 +280,7 @@ class ConnectorScheduler:
 
     def _junction_jobs(self, order: list[Scheduled],
                        current_table: Callable[[str], tuple[list[int], ...] | None],
-                       rows: list[ReqMeta]) -> None:
+                       rows: list[StoreJob]) -> None:
         """EXTENSION (junctions): each junction job of the step gets its copies, the next job
         id and its pins; the connector's reference on the fresh blocks is dropped at once."""
         steps = [(s.request, s.num_computed_tokens + s.num_scheduled) for s in order
@@ -290,7 +291,7 @@ class ConnectorScheduler:
             self.pool.free_ids(fresh)
             rows.append(job)
 
-    def _new_request(self, s: Scheduled, is_consumer: bool) -> list[ReqMeta]:
+    def _new_request(self, s: Scheduled, is_consumer: bool) -> list[StoreJob]:
         req = s.request
         rid = req.request_id
         spec = self.load_specs.pop(rid, None)
@@ -300,11 +301,12 @@ class ConnectorScheduler:
                            prefill_end_tokens=req.num_prompt_tokens)
         self.request_trackers[rid] = t
         job = from_request_tracker(
-            t, self.geo.lcm_block_size, req.block_hashes, load_spec=spec, skip_save=is_consumer,
-            save_partial_tail=self.geo.partial_hits, num_prompt_tokens=req.num_prompt_tokens)
+            t, self.geo.scheduler_block_size, req.block_hashes, load_spec=spec,
+            skip_save=is_consumer, save_partial_tail=self.geo.partial_hits,
+            num_prompt_tokens=req.num_prompt_tokens)
         return [job] if job is not None else []
 
-    def _cached_request(self, s: Scheduled, is_consumer: bool) -> list[ReqMeta]:
+    def _cached_request(self, s: Scheduled, is_consumer: bool) -> list[StoreJob]:
         req = s.request
         rid = req.request_id
         # ``get_block_ids(allow_none=True)``: None when every group is empty.
@@ -319,7 +321,7 @@ class ConnectorScheduler:
                                prefill_end_tokens=len(real.all_token_ids))
             self.request_trackers[rid] = t
             job = from_request_tracker(
-                t, self.geo.lcm_block_size, real.block_hashes, load_spec=spec,
+                t, self.geo.scheduler_block_size, real.block_hashes, load_spec=spec,
                 skip_save=is_consumer, save_partial_tail=self.geo.partial_hits,
                 num_prompt_tokens=real.num_prompt_tokens)
             return [job] if job is not None else []
@@ -337,11 +339,11 @@ class ConnectorScheduler:
         if is_consumer and not is_decode:
             return []
         job = from_request_tracker(
-            t, self.geo.lcm_block_size, real.block_hashes, skip_save=False,
+            t, self.geo.scheduler_block_size, real.block_hashes, skip_save=False,
             save_partial_tail=self.geo.partial_hits, num_prompt_tokens=real.num_prompt_tokens)
         return [job] if job is not None else []
 
-    def _handle_boundary_state_offloads(self, offloads: Offloads, rows: list[ReqMeta],
+    def _handle_boundary_state_offloads(self, offloads: Offloads, rows: list[StoreJob],
                                         decode: dict[str, list[int]]) -> None:
         """mirrors ``_handle_boundary_state_offloads`` (MS:672-727); with the extension's
         ``decode_boundary_saves`` a decode boundary is accepted too and noted in ``decode``."""
@@ -368,14 +370,14 @@ class ConnectorScheduler:
                 job.boundary_puts = accepted  # replaces, as vLLM does
                 continue
             req = entry[0]
-            rows.append(ReqMeta(
+            rows.append(StoreJob(
                 req_id=rid, token_len_chunk=0, block_ids=t.allocated_block_ids,
                 block_hashes=req.block_hashes, can_save=True,
                 num_prompt_tokens=req.num_prompt_tokens,
                 prefill_end_tokens=t.prefill_end_tokens, boundary_puts=accepted,
                 completed_token_len=t.token_len))
 
-    def _decode_boundary_puts(self, rows: list[ReqMeta], decode: dict[str, list[int]],
+    def _decode_boundary_puts(self, rows: list[StoreJob], decode: dict[str, list[int]],
                               scheduled: list[Scheduled]) -> None:
         """EXTENSION rule 5: the attention puts of each accepted decode boundary go before
         the step job's Mamba puts, up to the tokens computed after this step."""
@@ -391,15 +393,15 @@ class ConnectorScheduler:
                                         len(req.block_hashes), job.block_ids)
             job.boundary_puts = [*puts, *job.boundary_puts]
 
-    def _reference_save_blocks(self, rows: list[ReqMeta]) -> None:
+    def _reference_save_blocks(self, rows: list[StoreJob]) -> None:
         """mirrors ``_reference_save_blocks`` (MS:550-598): job ids and pins (with the two
         DEVIATIONS above when configured: readable pins, the pin budget)."""
-        skipped: list[ReqMeta] = []
+        skipped: list[StoreJob] = []
         for job in rows:
             if not job.can_save:
                 continue
             if job.store_job_id is not None:
-                assert job.store_job_id in self.pinned_saves
+                assert job.store_job_id in self.held
                 continue
             tail = partial_tail_puts(self.geo, job)
             if tail:
@@ -425,7 +427,7 @@ class ConnectorScheduler:
         for job in skipped:
             rows.remove(job)
 
-    def _save_pins(self, job: ReqMeta, t: RequestTracker | None) -> list[int]:
+    def _save_pins(self, job: StoreJob, t: RequestTracker | None) -> list[int]:
         """The non-Mamba blocks a normal save may read: the whole table (vLLM), or with
         readable pins (``t`` given) ``[floor, token_len_chunk)`` (DEVIATION above)."""
         mamba = self.geo.mamba_group_ids
@@ -448,10 +450,10 @@ class ConnectorScheduler:
 
     def _pin(self, job_id: int, ids: list[int]) -> None:
         """``pool.touch`` of a job's distinct blocks, held until every rank reported."""
-        self.pinned_saves[job_id] = (ids, self.num_workers)
+        self.held[job_id] = (ids, self.num_workers)
         self.pool.touch_ids(ids)
 
-    def _register_inflight(self, job: ReqMeta) -> None:
+    def _register_inflight(self, job: StoreJob) -> None:
         """EXTENSION rule 7: a pinned job's Mamba keys are waited on until it is released."""
         if self.inflight is not None:
             self.inflight.register(job)
@@ -461,7 +463,7 @@ class ConnectorScheduler:
     def register_finished_partial_tail(self, request: RequestLike,
                                        block_ids: tuple[list[int], ...],
                                        partial_tail_offloads: list[tuple[int, int, int]],
-                                       ) -> ReqMeta | None:
+                                       ) -> StoreJob | None:
         """mirrors ``register_finished_partial_tail`` (MS:600-670): pin the finish-time tail
         (and its attention tail puts) now, emit the job with the next step. Never delays the
         core free (returns the job, vLLM returns False)."""
@@ -481,7 +483,7 @@ class ConnectorScheduler:
             if gid not in self.geo.mamba_group_ids or block_id == NULL_BLOCK_ID:
                 return None
             mamba_puts.append(BoundaryPut(gid, block_id, b))
-        job = ReqMeta(req_id=request.request_id, token_len_chunk=0,
+        job = StoreJob(req_id=request.request_id, token_len_chunk=0,
                   block_ids=tuple(list(ids) for ids in block_ids),
                   block_hashes=list(request.block_hashes), can_save=True,
                   num_prompt_tokens=request.num_prompt_tokens,
@@ -503,7 +505,7 @@ class ConnectorScheduler:
     # --- EXTENSION: the turn-end checkpoint at finish (docs/reuse.md rule 3) -------------
 
     def finish_turn(self, request: RequestLike, block_ids: tuple[list[int], ...]
-                    ) -> ReqMeta | None:
+                    ) -> StoreJob | None:
         """Called at finish after ``register_finished_partial_tail``: the request's last
         snapshot becomes a store job that gets the next job id and pins its blocks now; the
         connector then drops its own reference on the slots (the pin keeps them until every
@@ -519,13 +521,13 @@ class ConnectorScheduler:
         self.turn_end_jobs[rid] = job
         return job
 
-    def _pin_extension_job(self, job: ReqMeta) -> None:
+    def _pin_extension_job(self, job: StoreJob) -> None:
         """EXTENSION: the next job id, one pin per distinct block the job puts, its keys
         waited on (rule 7)."""
         job.store_job_id = self.next_store_job_id
         self.next_store_job_id += 1
         ids = list(dict.fromkeys(p.block_id for p in job.boundary_puts))
-        self.pinned_saves[job.store_job_id] = (ids, self.num_workers)
+        self.held[job.store_job_id] = (ids, self.num_workers)
         self.pool.touch_ids(ids)
         self._register_inflight(job)
 
@@ -539,7 +541,7 @@ class ConnectorScheduler:
         released = []
         offsets = saved_offsets or {}
         for job_id, count in completed_saves.items():
-            entry = self.pinned_saves.get(job_id)
+            entry = self.held.get(job_id)
             if entry is None:
                 continue  # the job pinned nothing
             if (ent := self.save_jobs.get(job_id)) is not None:
@@ -548,10 +550,10 @@ class ConnectorScheduler:
             ids, remaining = entry
             remaining -= count
             if remaining > 0:
-                self.pinned_saves[job_id] = (ids, remaining)
+                self.held[job_id] = (ids, remaining)
                 continue
             assert remaining == 0, f"store job {job_id} reported by too many ranks"
-            del self.pinned_saves[job_id]
+            del self.held[job_id]
             if ent is not None:  # DEVIATION (readable pins): the ranks' offsets confirmed
                 del self.save_jobs[job_id]
                 t, life, off = ent
@@ -564,4 +566,4 @@ class ConnectorScheduler:
         return released
 
     def has_pending_push_work(self) -> bool:
-        return bool(self.pinned_saves)
+        return bool(self.held)

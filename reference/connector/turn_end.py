@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from tailproof.reference.connector.config import ConnectorConfig, StoreGeometry
-from tailproof.reference.connector.meta import BoundaryPut, ReqMeta, RequestTracker
+from tailproof.reference.connector.meta import BoundaryPut, RequestTracker, StoreJob
 from tailproof.spec.arithmetic import (
     NULL_BLOCK_ID,
     running_state_index,
@@ -111,7 +111,7 @@ class InflightKeys:
         self.keys: dict[bytes, list[int]] = {}
         self.job_keys: dict[int, list[bytes]] = {}
 
-    def register(self, job: ReqMeta) -> None:
+    def register(self, job: StoreJob) -> None:
         """A job that pinned blocks: remember the key of each of its Mamba puts."""
         h = self.geo.hash_block_size
         keys = []
@@ -218,7 +218,7 @@ class TurnEnd:
 
     def flush(self, rid: str, tracker: RequestTracker | None, num_computed: int,
               block_hashes: Sequence[bytes], num_prompt_tokens: int,
-              block_ids: tuple[list[int], ...]) -> ReqMeta | None:
+              block_ids: tuple[list[int], ...]) -> StoreJob | None:
         """Rule 3: the turn-end job (offload-only: the attention blocks from the last normal
         save up to the snapshot's boundary ``b``, then each slot keyed at ``b``), or None (and
         the slots released) when there is no snapshot, no tracker, or ``b`` is not computed
@@ -234,7 +234,7 @@ class TurnEnd:
         attention = attention_puts(self.geo, b, tracker.num_saved_tokens, num_computed,
                                     len(block_hashes), block_ids)
         mamba = [BoundaryPut(g, s, b) for g, s in zip(self.mamba, slots, strict=True)]
-        return ReqMeta(
+        return StoreJob(
             req_id=rid, token_len_chunk=0, block_ids=tuple(list(ids) for ids in block_ids),
             block_hashes=list(block_hashes), can_save=True, num_prompt_tokens=num_prompt_tokens,
             prefill_end_tokens=tracker.prefill_end_tokens, boundary_puts=[*attention, *mamba],

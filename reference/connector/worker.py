@@ -31,7 +31,7 @@ from typing import Any
 
 from tailproof.reference.connector.config import StoreGeometry
 from tailproof.reference.connector.masks import store_mask
-from tailproof.reference.connector.meta import ReqMeta
+from tailproof.reference.connector.meta import StoreJob
 from tailproof.reference.connector.store import NO_AVAILABLE_HANDLE, ScriptedStore
 from tailproof.reference.connector.tail import NULL_BLOCK_ID
 from tailproof.spec.arithmetic import cdiv, round_down
@@ -52,18 +52,18 @@ class SendingWorker:
         self.store_pressure_active = False
         self.skip_store_requests: set[str] = set()
         self.saved_offset: dict[str, int] = {}  # per-request resume point of the normal save
-        self.queue: deque[ReqMeta] = deque()
+        self.queue: deque[StoreJob] = deque()
         self.finished_store_req: set[str] = set()
 
     # --- ledger ------------------------------------------------------------------------
 
-    def add_request(self, job: ReqMeta) -> None:
+    def add_request(self, job: StoreJob) -> None:
         """``add_request``: register before enqueueing (MW:463-470)."""
         assert job.store_job_id is not None
         self.stored_requests.setdefault(job.req_id, set()).add(job.store_job_id)
         self.queue.append(job)
 
-    def _live(self, job: ReqMeta) -> bool:
+    def _live(self, job: StoreJob) -> bool:
         return job.store_job_id in self.stored_requests.get(job.req_id, ())
 
     def delete_finished_stored_request(self, rid: str) -> None:
@@ -94,7 +94,7 @@ class SendingWorker:
 
     # --- pressure gate (MW:548-569) -----------------------------------------------------
 
-    def _mark_pressure(self, job: ReqMeta) -> None:
+    def _mark_pressure(self, job: StoreJob) -> None:
         self.store_pressure_active = True
         if self._live(job):
             self.skip_store_requests.add(job.req_id)
@@ -105,7 +105,7 @@ class SendingWorker:
 
     # --- jobs --------------------------------------------------------------------------
 
-    def run(self, n: int | None) -> list[tuple[ReqMeta, int, str | None]]:
+    def run(self, n: int | None) -> list[tuple[StoreJob, int, str | None]]:
         """Run up to ``n`` queued jobs (all when None), FIFO. Returns (job, index of its first
         store-log entry, exception class name or None) per job."""
         out = []
@@ -120,7 +120,7 @@ class SendingWorker:
             out.append((job, first, err))
         return out
 
-    def handle(self, job: ReqMeta) -> None:
+    def handle(self, job: StoreJob) -> None:
         try:
             self._handle_request(job)
         finally:
@@ -132,9 +132,9 @@ class SendingWorker:
             self.completed_saves[jid] = self.completed_saves.get(jid, 0) + 1
             self.saved_offsets[jid] = self.saved_offset.get(job.req_id, 0)
 
-    def _handle_request(self, job: ReqMeta) -> None:
+    def _handle_request(self, job: StoreJob) -> None:
         geo = self.geo
-        token_len = round_down(job.token_len_chunk, geo.lcm_block_size)
+        token_len = round_down(job.token_len_chunk, geo.scheduler_block_size)
         if not self._live(job):
             return
         if self.store_pressure_active and job.req_id in self.skip_store_requests:
@@ -145,12 +145,12 @@ class SendingWorker:
             return
         self._normal_save(job, token_len)
 
-    def _key(self, gid: int, job: ReqMeta, boundary: int) -> tuple[Key, Tag]:
+    def _key(self, gid: int, job: StoreJob, boundary: int) -> tuple[Key, Tag]:
         h = self.geo.hash_block_size
         digest = bytes(job.block_hashes[boundary // h - 1])
         return (self.rank, gid, digest), (self.rank, gid, boundary, job.req_id)
 
-    def _put(self, job: ReqMeta, keys: list[Key], tags: list[Tag]) -> str:
+    def _put(self, job: StoreJob, keys: list[Key], tags: list[Tag]) -> str:
         """Dedupe against the store, then put the missing keys in one batch.
 
         Returns "none" (everything already present: no put, the gate untouched), "ok", or
@@ -168,7 +168,7 @@ class SendingWorker:
             self._mark_pressure(job)
         return "failed" if failed else "ok"
 
-    def _boundary_puts(self, job: ReqMeta) -> bool:
+    def _boundary_puts(self, job: StoreJob) -> bool:
         """``_maybe_offload_boundary_states`` (MW:571-725)."""
         if not job.boundary_puts or not job.block_hashes:
             return True
@@ -191,7 +191,7 @@ class SendingWorker:
             self._clear_pressure()
         return result != "failed"
 
-    def _normal_save(self, job: ReqMeta, token_len: int) -> None:
+    def _normal_save(self, job: StoreJob, token_len: int) -> None:
         """The positional save (``_handle_request`` over ``ChunkedTokenDatabase.process_tokens``
         with ``chunk_mask``): chunk ``first + i`` is written only where ``mask[i]``."""
         geo = self.geo
@@ -222,7 +222,7 @@ class SendingWorker:
         if result == "ok":
             self._clear_pressure()
 
-    def _record_saved(self, job: ReqMeta, token_len: int) -> None:
+    def _record_saved(self, job: StoreJob, token_len: int) -> None:
         if self._live(job):
             self.saved_offset[job.req_id] = token_len
 

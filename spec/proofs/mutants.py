@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..arithmetic import cdiv, round_down
-from ..model import Config, Job, Key, Req, State, ck_int
+from ..model import Config, Key, Req, State, StoreJob, ck_int
 from .bmc import bmc
 
 Put = tuple[int, tuple[int, ...], int]
@@ -62,7 +62,7 @@ class ReleaseEarly(State):
 
 @mutant("early_unpin", "a store job unpins at the first rank's report, not the last")
 class EarlyUnpin(State):
-    def unpins(self, j: Job) -> bool:
+    def unpins(self, j: StoreJob) -> bool:
         return True
 
 

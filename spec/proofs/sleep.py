@@ -45,10 +45,10 @@ which gives the diamond, and neither disables the other). Worker actions at ``s`
   or ``reported``, now and after any other action; nothing but the same rank's alternatives on
   ``j`` reads those, so they commute with every other action (two reports of one job reach the
   same unpin in either order).
-* any other ``run_job j r ok|full`` reads job ``j``, its request's ``epoch``, ``pressure`` and
+* any other ``run_job j r ok|full`` reads job ``j``, its request's ``generation``, ``pressure`` and
   ``skip``, the store and the ``content`` of its put blocks, and writes ``ran``, the store,
   ``pressure`` and ``skip``. No engine action reads or writes the store, ``pressure``, ``skip``
-  or an existing job (new jobs are new keys); ``preempt`` writes an ``epoch`` and ``execute``
+  or an existing job (new jobs are new keys); ``preempt`` writes an ``generation`` and ``execute``
   writes ``content``, so it commutes with every engine action but ``execute`` and a ``preempt``
   of its own request, and with the last report of another job (``ref``, the free queue,
   ``keys``). Two ``ok`` of different ranks, neither gated, commute (each stores on its own rank,
@@ -93,9 +93,9 @@ def _kind(s: Any, a: tuple) -> str:
     ``unpin`` (the job's last report)."""
     j = s.jobs[a[1]]
     if a[0] == "run_job":
-        # error stores nothing; a job of an earlier epoch stays not live (epochs only grow);
+        # error stores nothing; a job of an earlier generation stays not live (epochs only grow);
         # puts all stored already stay stored (nothing removes a store entry)
-        if a[3] == "error" or s.reqs[j.rid].epoch != j.epoch or all(
+        if a[3] == "error" or s.reqs[j.rid].generation != j.generation or all(
                 (a[2], g, p) in s.store for g, p, _ in j.puts):
             return "add"
         return a[3]
@@ -171,7 +171,7 @@ def _job_keys(s: Any, lab: list[int], ren: tuple[int, ...]) -> dict[int, tuple |
     ex = s.executed
     out: dict[int, tuple | None] = {}
     for jid, j in s.jobs.items():
-        out[jid] = (j.rid, j.epoch, tuple([lab[b] for b in j.ids]),
+        out[jid] = (j.rid, j.generation, tuple([lab[b] for b in j.ids]),
                     tuple([(g, p, lab[b]) for g, p, b in j.puts]), ex - j.fence,
                     ren[_bits(j.ran)], ren[_bits(j.reported)], j.released)
     if len(set(out.values())) < len(out):

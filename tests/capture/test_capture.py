@@ -39,7 +39,7 @@ def test_capture_chat_then_replay_json(tmp_path: Path,
     assert doc["provenance"]["vllm"] == "0.33.0" and doc["provenance"]["connector"] is None
     kinds = {op["op"] for op in doc["ops"]}
     assert {"add_request", "lookup", "allocate", "commit", "append_output", "drain_copies",
-            "release_retained", "drain_offloads", "free", "snapshot"} <= kinds
+            "release_retained", "drain_offloads", "free", "pool_state"} <= kinds
     # Sub-block hits happened (h=4 < block 16) and were replayed exactly.
     assert any(op["op"] == "lookup" and op["expect"]["hit"] % 16 for op in doc["ops"])
 

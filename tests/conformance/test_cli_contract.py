@@ -92,7 +92,7 @@ MISUSE: dict[str, Case] = {
     "expect_not_object": (lambda t: ["validate", _write(t, "x.json", _doc(
         GOOD, lambda d: d["ops"][2].update(expect=[1])))], "ops[2].expect"),
     "expect_malformed_refcounts": (lambda t: ["validate", _write(t, "x.json", _doc(
-        GOOD, lambda d: _ops(d, {"op": "snapshot", "expect": {"refcounts": [1, 2]}})))],
+        GOOD, lambda d: _ops(d, {"op": "pool_state", "expect": {"refcounts": [1, 2]}})))],
         "ops[3].expect"),
     "huge_token_range": (lambda t: ["validate", _write(t, "r.json", _doc(
         GOOD, lambda d: d["ops"][0].update(tokens=[{"range": [0, 10**12]}])))],

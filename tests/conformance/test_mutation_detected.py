@@ -26,7 +26,7 @@ def test_free_without_reversal_diverges_at_the_next_snapshot(
     ops = json.loads(CASE.read_text())["ops"]
     first_free = next(i for i, op in enumerate(ops) if op["op"] == "free")
     # free itself observes only the free count; the order shows in the next snapshot.
-    want = next(i for i in range(first_free, len(ops)) if ops[i]["op"] == "snapshot")
+    want = next(i for i in range(first_free, len(ops)) if ops[i]["op"] == "pool_state")
 
     assert main(["replay", str(CASE), "--against", "reference,vllm", "--strict-ids"]) == 0
     capsys.readouterr()

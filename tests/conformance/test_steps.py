@@ -74,7 +74,7 @@ def test_lockstep_stops_at_the_first_divergence(monkeypatch: pytest.MonkeyPatch)
     Steps(run.apply).prefill("a", 3)
     run.apply(op("free", rid="a"))
     with pytest.raises(LockstepDivergence) as info:
-        run.apply(op("snapshot"))
+        run.apply(op("pool_state"))
     e = info.value
     assert e.index == len(run.ops) - 1 == len(e.doc["ops"]) - 1
     assert e.doc["ops"][-1]["expect"] == e.observations[0] != e.observations[1]

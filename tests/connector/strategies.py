@@ -213,5 +213,5 @@ def connector_trace(draw: st.DrawFn, geometries: list[Geometry] | None = None,
         run.apply(op("worker_run", worker=w))
     run.apply(op("worker_report"))
     run.apply(op("conn_state"))
-    run.apply(op("snapshot"))
+    run.apply(op("pool_state"))
     return run

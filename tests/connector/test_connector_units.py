@@ -13,7 +13,7 @@ from tailproof.conformance.format.ops import CONNECTOR_OP_SPECS, all_op_specs
 from tailproof.conformance.format.trace import FORMAT_TAG, TraceError, parse_trace
 from tailproof.reference.connector.config import StoreGeometry
 from tailproof.reference.connector.lookup import arbitrate
-from tailproof.reference.connector.meta import BoundaryPut, ReqMeta
+from tailproof.reference.connector.meta import BoundaryPut, StoreJob
 from tailproof.reference.connector.store import ScriptedStore, StoreRaised, check_script
 from tailproof.reference.connector.tail import partial_tail_puts
 
@@ -41,7 +41,7 @@ def test_attention_tail_puts_match_vllm(fa_bs: int, eagle: bool, prompt: int,
     checkpoint 44."""
     geo = StoreGeometry.from_config(_cfg(fa_bs, eagle))
     table = list(range(1, 20))
-    job = ReqMeta(req_id="r", token_len_chunk=0, block_ids=(table, [0, 0, 30]),
+    job = StoreJob(req_id="r", token_len_chunk=0, block_ids=(table, [0, 0, 30]),
                   block_hashes=[b"x"] * 20, num_prompt_tokens=prompt, completed_token_len=prompt,
                   boundary_puts=[BoundaryPut(1, 30, 44)])
     puts = partial_tail_puts(geo, job)
@@ -52,7 +52,7 @@ def test_attention_tail_puts_match_vllm(fa_bs: int, eagle: bool, prompt: int,
 def test_tail_puts_omitted_until_the_proof_is_computed() -> None:
     """register_finished_partial_tail with EAGLE: proof_end 48 > completed 44 -> no FA put."""
     geo = StoreGeometry.from_config(_cfg(16, True))
-    job = ReqMeta(req_id="r", token_len_chunk=0, block_ids=([1, 2, 3], [0, 0, 9]),
+    job = StoreJob(req_id="r", token_len_chunk=0, block_ids=([1, 2, 3], [0, 0, 9]),
                   block_hashes=[b"x"] * 12, num_prompt_tokens=49, completed_token_len=44,
                   boundary_puts=[BoundaryPut(1, 9, 44)])
     assert partial_tail_puts(geo, job) == []

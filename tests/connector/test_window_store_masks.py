@@ -89,7 +89,7 @@ def test_masks_match_vllm_coordinator(geometry: Any) -> None:
         core_group_ids=tuple(range(len(cfg.groups))),
         block_sizes=tuple(g.block_size for g in cfg.groups),
         is_mamba=tuple(g.is_mamba for g in cfg.groups), hash_block_size=cfg.hash_block_size,
-        lcm_block_size=cfg.scheduler_block_size, partial_hits=core.partial_hits,
+        scheduler_block_size=cfg.scheduler_block_size, partial_hits=core.partial_hits,
         use_eagle=cfg.use_eagle)
     coord = build_coordinator(impl_geo, core.kv_cache_config, 1)
     geo = StoreGeometry.from_config(cfg)

@@ -107,7 +107,7 @@ def _serve(e: Engine, prompts: list[list[int]], fault_at: int | None = None,
             fault()
             probe.armed = True
             fired = steps
-        before = set(e.conn.scheduler_side.pinned_saves)
+        before = set(e.conn.scheduler_side.held)
         t = time.perf_counter()
         log = e.step()
         if fired is not None and log.scheduled:
@@ -120,7 +120,7 @@ def _serve(e: Engine, prompts: list[list[int]], fault_at: int | None = None,
         assert steps < 5000, "engine did not drain"
     assert e.wait_workers(30.0)
     assert [x for log in e.log for x in log.byte_errors] == []
-    assert e.conn.scheduler_side.pinned_saves == {} and e.refcounts() == {}
+    assert e.conn.scheduler_side.held == {} and e.refcounts() == {}
     for wc, _ in e.workers:
         assert wc.worker_side.queue == [] and wc.worker_side.stored_requests == {}
     assert all(r.num_output_tokens == 8 for r in reqs)

@@ -189,7 +189,7 @@ class Invariants:
     def after_step(self, pinned_before: set[int]) -> None:
         side = self.e.conn.scheduler_side
         pool = self.e.sched.kv_cache_manager.block_pool
-        released = pinned_before - set(side.pinned_saves)
+        released = pinned_before - set(side.held)
         for w, (wc, _) in enumerate(self.e.workers):
             ws = wc.worker_side
             running = {lane.running.store_job_id for lane in ws.senders._lanes
@@ -200,8 +200,8 @@ class Invariants:
             missing = released - self.reported[w]
             assert not missing, f"pins of jobs {missing} released before worker {w} reported"
             for jid in live:
-                assert jid in side.pinned_saves, f"job {jid} runs on worker {w} but is not pinned"
-                ids, _ = side.pinned_saves[jid]
+                assert jid in side.held, f"job {jid} runs on worker {w} but is not pinned"
+                ids, _ = side.held[jid]
                 assert all(pool.blocks[b].ref_cnt >= 1 for b in ids), (
                     f"a block of running job {jid} lost its reference")
         assert not self.errors, self.errors[:3]
@@ -219,7 +219,7 @@ def _serve(e: Engine, inv: Invariants, prompts: list[list[int]], rng: random.Ran
             i, p = pending.pop(0)
             reqs.append(e.add(f"{tag}{i}", p, max_tokens=max_tokens))
             inv.learn(reqs[-1])
-        before = set(e.conn.scheduler_side.pinned_saves)
+        before = set(e.conn.scheduler_side.held)
         log = e.step()
         for r in reqs:
             inv.learn(r)
@@ -267,7 +267,7 @@ def _run(seed: int, n_requests: int = 8) -> tuple[dict[str, list[int]], dict[str
             keys = [ws.key(g, hh) for g, _, hh in ws.load_plan(job)]
             assert ok == (not any(_fails(k, FAIL_GET_MOD) for k in keys)), (job.req_id, ok)
         assert [x for log in e.log for x in log.byte_errors] == []
-        assert e.conn.scheduler_side.pinned_saves == {}
+        assert e.conn.scheduler_side.held == {}
         assert e.refcounts() == {}
         for wc, _ in e.workers:
             assert wc.worker_side.queue == [] and wc.worker_side.stored_requests == {}

@@ -51,7 +51,7 @@ def test_bool_is_not_a_count() -> None:
 def _geom(sizes: tuple[int, ...], h: int, lcm: int) -> StoreGeometry:
     return StoreGeometry(core_group_ids=tuple(range(len(sizes))), block_sizes=sizes,
                          is_mamba=(False,) * (len(sizes) - 1) + (True,), hash_block_size=h,
-                         lcm_block_size=lcm, partial_hits=True, use_eagle=False)
+                         scheduler_block_size=lcm, partial_hits=True, use_eagle=False)
 
 
 def test_h_must_divide_every_block_size() -> None:
@@ -63,7 +63,7 @@ def test_h_must_divide_every_block_size() -> None:
 
 def test_eagle_margin_and_alignment() -> None:
     g = StoreGeometry(core_group_ids=(0, 1), block_sizes=(16, 16), is_mamba=(False, True),
-                      hash_block_size=4, lcm_block_size=16, partial_hits=True, use_eagle=True,
+                      hash_block_size=4, scheduler_block_size=16, partial_hits=True, use_eagle=True,
                       eagle_group_ids=frozenset({0, 1}))
     assert g.alignment == 4 and g.eagle_proof_margin(0) == 4 and g.eagle_proof_margin(1) == 0
     assert g.align_lookup_length(45) == 44
@@ -164,7 +164,7 @@ def test_reuse_extension_refuses_speculation_and_windows() -> None:
     kvc = SimpleNamespace(kv_cache_groups=[SimpleNamespace(kv_cache_spec=fa),
                                            SimpleNamespace(kv_cache_spec=mamba)])
     geo = StoreGeometry(core_group_ids=(0, 1), block_sizes=(16, 16), is_mamba=(False, True),
-                        hash_block_size=4, lcm_block_size=16, partial_hits=True,
+                        hash_block_size=4, scheduler_block_size=16, partial_hits=True,
                         use_eagle=False, window_group_ids=frozenset({0}))
     vc = SimpleNamespace(speculative_config=object())
     on = parse_settings({"decode_boundary_saves": True, "junction_checkpoints": "auto"}, None)
@@ -182,7 +182,7 @@ def test_reuse_extension_refuses_speculation_and_windows() -> None:
     with pytest.raises(ConfigError, match='junction_checkpoints must be bool or "auto"'):
         parse_settings({"junction_checkpoints": "yes"}, None)
     plain = StoreGeometry(core_group_ids=(0, 1), block_sizes=(16, 16), is_mamba=(False, True),
-                          hash_block_size=4, lcm_block_size=16, partial_hits=True,
+                          hash_block_size=4, scheduler_block_size=16, partial_hits=True,
                           use_eagle=False)
     kvc.kv_cache_groups[1].kv_cache_spec = MambaSpec(
         block_size=16, shapes=((3,), (5,)), dtypes=(torch.float32,) * 2,

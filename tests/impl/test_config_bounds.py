@@ -62,7 +62,7 @@ def test_checkpoints_true_without_partial_hits_is_an_error(key: str) -> None:
     from tailproof.impl.config import resolve_reuse_extension
 
     whole = StoreGeometry(core_group_ids=(0, 1), block_sizes=(16, 16), is_mamba=(False, True),
-                          hash_block_size=16, lcm_block_size=16, partial_hits=False,
+                          hash_block_size=16, scheduler_block_size=16, partial_hits=False,
                           use_eagle=False)
     sc = SimpleNamespace(speculative_config=None)
     on = parse_settings({key: True}, None)
@@ -70,7 +70,7 @@ def test_checkpoints_true_without_partial_hits_is_an_error(key: str) -> None:
     assert errors == [f"{key}=true needs partial hash hits (hash_block_size below the lcm of "
                       "the group block sizes; docs/reuse.md)"]
     fine = StoreGeometry(core_group_ids=(0, 1), block_sizes=(16, 16), is_mamba=(False, True),
-                         hash_block_size=4, lcm_block_size=16, partial_hits=True,
+                         hash_block_size=4, scheduler_block_size=16, partial_hits=True,
                          use_eagle=False)
     assert resolve_reuse_extension(on, fine, sc, _kv_cache_config())[1] == []
     auto = parse_settings({key: "auto"}, None)  # auto: off, noted, never an error

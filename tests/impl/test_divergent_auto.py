@@ -22,7 +22,7 @@ PLAIN = SimpleNamespace(speculative_config=None)
 
 def _geo(fa: int, mamba: int = 1024) -> StoreGeometry:
     return StoreGeometry(core_group_ids=(0, 1), block_sizes=(fa, mamba), is_mamba=(False, True),
-                         hash_block_size=16, lcm_block_size=max(fa, mamba), partial_hits=True,
+                         hash_block_size=16, scheduler_block_size=max(fa, mamba), partial_hits=True,
                          use_eagle=False)
 
 

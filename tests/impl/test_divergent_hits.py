@@ -77,7 +77,7 @@ def test_divergent_hit_shares_attention_blocks(store_ns: dict, divergent: bool) 
     # B's attention blocks of [0, 16): A's (shared on the device) only with the setting on.
     assert (loads[0].block_ids[0][:4] == a_fa[:4]) is divergent
     assert not set(loads[0].block_ids[0][4:]) & set(a_fa)  # the loaded ones are B's own
-    assert e2.conn.scheduler_side.pinned_saves == {} and e2.refcounts() == {}
+    assert e2.conn.scheduler_side.held == {} and e2.refcounts() == {}
     e2.shutdown()
     e1.shutdown()
 
@@ -91,7 +91,7 @@ def test_divergent_hits_refuse_windows_and_speculation() -> None:
     from tailproof.impl.config import StoreGeometry, divergent_hits_limits
 
     geo = StoreGeometry(core_group_ids=(0, 1), block_sizes=(4, 16), is_mamba=(False, True),
-                        hash_block_size=4, lcm_block_size=16, partial_hits=True,
+                        hash_block_size=4, scheduler_block_size=16, partial_hits=True,
                         use_eagle=False)
     plain = SimpleNamespace(speculative_config=None)
     assert divergent_hits_limits(geo, plain) == []

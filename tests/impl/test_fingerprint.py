@@ -115,7 +115,7 @@ def _variant(name: str, monkeypatch: pytest.MonkeyPatch) -> Fingerprint:
     elif name == "h":
         geo = replace(geo, hash_block_size=8)
     elif name == "block size":
-        geo = replace(geo, block_sizes=(32, 32), lcm_block_size=32)
+        geo = replace(geo, block_sizes=(32, 32), scheduler_block_size=32)
     else:
         raise AssertionError(name)
     ns = SimpleNamespace(model_config=model, cache_config=cache, parallel_config=par,
@@ -133,7 +133,7 @@ DIFFERENCES = ["model path", "revision", "dtype", "kv cache dtype", "kv cache sk
 
 def _worker(store: MemoryStore, fp: Fingerprint) -> tuple[WorkerSide, SimRunner]:
     geo = StoreGeometry(core_group_ids=(0, 1), block_sizes=(16, 16), is_mamba=(False, True),
-                    hash_block_size=H, lcm_block_size=16, partial_hits=True, use_eagle=False,
+                    hash_block_size=H, scheduler_block_size=16, partial_hits=True, use_eagle=False,
                     num_blocks=NB)
     runner = SimRunner([GroupShape("full_attention", 16, 2), GroupShape("mamba", 16, 2)], NB)
     w = WorkerSide(Settings(namespace="shared"), geo, store, 0, 1, fingerprint=fp)

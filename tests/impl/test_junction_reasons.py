@@ -17,7 +17,7 @@ H = 16
 
 def _side(fa_block: int = 16) -> SchedulerSide:
     geo = StoreGeometry(core_group_ids=(0, 1), block_sizes=(fa_block, 64),
-                        is_mamba=(False, True), hash_block_size=H, lcm_block_size=64,
+                        is_mamba=(False, True), hash_block_size=H, scheduler_block_size=64,
                         partial_hits=True, use_eagle=False, num_blocks=64)
     side = SchedulerSide(Settings(junction_checkpoints=True), geo, None, 1)
     side.exact_junction_stops = True  # what the hook records without EAGLE or device keys

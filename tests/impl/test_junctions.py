@@ -119,7 +119,7 @@ def test_junction_state_stored_and_reused_byte_exact() -> None:
     assert side.metrics.c.total("junction_jobs") == 1
     hits = _first_hits(e, {"c2": prompts["c2"]})
     assert hits["c2"] == 28
-    assert side.pinned_saves == {} and e.refcounts() == {}
+    assert side.held == {} and e.refcounts() == {}
     e.shutdown()
 
 

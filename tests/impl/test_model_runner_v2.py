@@ -51,7 +51,7 @@ def _run(runner: str, ns: str, load_async: bool) -> dict[str, Any]:
                                   for log in logs for j in log.loads]
                 seen["byte_errors"] += [x for log in logs for x in log.byte_errors]
                 seen["out"][f"{rid}{n}"] = list(req.output_token_ids)
-            assert e.conn.scheduler_side.pinned_saves == {}
+            assert e.conn.scheduler_side.held == {}
             assert e.refcounts() == {}
     finally:
         for e in engines:

@@ -64,7 +64,7 @@ def _paused_with_pins(store_ns: dict, monkeypatch: pytest.MonkeyPatch,
         monkeypatch.setattr(store, name, gated)
     e.add("p", A, max_tokens=4)
     e.step()
-    assert e.conn.scheduler_side.pinned_saves  # the step's store jobs pin its blocks
+    assert e.conn.scheduler_side.held  # the step's store jobs pin its blocks
     e.sched.finish_requests(None, RequestStatus.FINISHED_ABORTED)
     worker = e.workers[0][0]
     monkeypatch.setattr(kv_transfer, "has_kv_transfer_group", lambda: True)
@@ -101,10 +101,10 @@ def test_pause_clear_cache_drains_store_jobs_then_resets(
     patch_engine_core_class(Core)
     patch_engine_core_class(Core)  # idempotent
     epoch = e.conn.epoch
-    assert e.conn.scheduler_side.pinned_saves  # still held: the puts wait on the gate
+    assert e.conn.scheduler_side.held  # still held: the puts wait on the gate
     gate.set()  # the store answers again; the drain waits for the jobs to finish
     Core(e, rpc)._reset_caches()  # no raise
-    assert e.conn.scheduler_side.pinned_saves == {}
+    assert e.conn.scheduler_side.held == {}
     assert e.refcounts() == {}
     assert e.conn.epoch != epoch  # the connector's own reset ran too
     assert not e.conn.has_pending_push_work()

@@ -37,8 +37,8 @@ class Pool:
 
 def side(workers: int = 1, **settings: object) -> SchedulerSide:
     g = StoreGeometry(core_group_ids=(0, 1), block_sizes=(16, 16), is_mamba=(False, True),
-                      hash_block_size=4, lcm_block_size=16, partial_hits=True, use_eagle=False,
-                      num_blocks=64)
+                      hash_block_size=4, scheduler_block_size=16, partial_hits=True,
+                      use_eagle=False, num_blocks=64)
     s = SchedulerSide(replace(Settings(), **settings), g, None, workers)
     s.bind_gpu_block_pool(Pool())
     s.request_trackers["A"] = RequestTracker(req_id="A", token_len=0,
@@ -54,7 +54,7 @@ def save(start: int, end: int, rid: str = "A") -> StoreJob:
 
 def pins(s: SchedulerSide, job: StoreJob) -> list[int]:
     assert s._pin(job)
-    return s.pinned_saves[job.store_job_id][0]
+    return s.held[job.store_job_id][0]
 
 
 def report(s: SchedulerSide, job: StoreJob, offset: int, ranks: int = 1) -> None:
@@ -160,7 +160,7 @@ def test_pin_budget_skips_a_finish_time_tail() -> None:
     s.register_finished_partial_tail(req, tables, [(1, 30, 40)])
     assert "A" not in s.finished_partial_tails  # backlog 8 + tail block 3 + Mamba 30 > 1
     assert s.metrics.c.total("jobs_skipped_pin_budget") == 1
-    assert list(s.pinned_saves) == [held.store_job_id]
+    assert list(s.held) == [held.store_job_id]
     report(s, held, 16)
     new_step(s)
     s.register_finished_partial_tail(req, tables, [(1, 30, 40)])

@@ -52,7 +52,7 @@ def make(groups: tuple[tuple[str, int], ...], h: int, store: DictStore,
     geo = StoreGeometry(core_group_ids=tuple(range(len(groups))),
                         block_sizes=tuple(b for _, b in groups),
                         is_mamba=tuple(k == "mamba" for k, _ in groups), hash_block_size=h,
-                        lcm_block_size=lcm, partial_hits=partial, use_eagle=False,
+                        scheduler_block_size=lcm, partial_hits=partial, use_eagle=False,
                         num_blocks=64)
     coord = build_coordinator(geo, kvc, 1)
     return StoreLookup(geo, coord, store.exists, KeySpace("t", "f", world), world,

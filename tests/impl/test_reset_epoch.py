@@ -40,7 +40,7 @@ def test_a_reset_refused_for_blocks_in_use_keeps_the_epoch() -> None:
         assert e.sched.reset_prefix_cache(reset_connector=True) is False
         assert e.conn.epoch == INITIAL_EPOCH  # the failed reset moved nothing
         e.run()
-        assert e.conn.scheduler_side.pinned_saves == {}
+        assert e.conn.scheduler_side.held == {}
         assert _epochs(e) == {INITIAL_EPOCH}
         assert e.sched.reset_prefix_cache(reset_connector=True) is True  # idle: it succeeds
         assert e.conn.epoch != INITIAL_EPOCH

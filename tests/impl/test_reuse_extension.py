@@ -34,7 +34,7 @@ def _turn1(cfg: dict[str, Any], max_tokens: int, workers: int = 1) -> tuple[Engi
     req = e.add("t1", list(A), max_tokens=max_tokens)
     e.run(200)
     assert [x for log in e.log for x in log.byte_errors] == []
-    assert e.conn.scheduler_side.pinned_saves == {}
+    assert e.conn.scheduler_side.held == {}
     assert e.refcounts() == {}  # snapshot blocks and pins all released
     assert e.conn.scheduler_side.snapshot_slots == {}
     return e, list(req.all_token_ids)
@@ -120,7 +120,7 @@ def test_next_turn_sent_at_finish_waits_for_the_flush(store_ns: dict) -> None:
     loads = [(j.vllm_cached_tokens, j.kvpool_cached_tokens) for log in logs for j in log.loads]
     assert loads == [(48, 60)]
     assert e.conn.scheduler_side.metrics.c.total("lookups_deferred") >= 1
-    assert e.conn.scheduler_side.pinned_saves == {} and e.refcounts() == {}
+    assert e.conn.scheduler_side.held == {} and e.refcounts() == {}
     e.shutdown()
 
 
@@ -156,5 +156,5 @@ def test_finish_by_length_is_flushed_before_it_ends(store_ns: dict, wait: bool) 
     loads = [(j.vllm_cached_tokens, j.kvpool_cached_tokens) for log in logs for j in log.loads]
     assert loads == [(48, 60)]
     assert e.conn.scheduler_side.metrics.c.total("lookups_deferred") == 0
-    assert e.conn.scheduler_side.pinned_saves == {} and e.refcounts() == {}
+    assert e.conn.scheduler_side.held == {} and e.refcounts() == {}
     e.shutdown()

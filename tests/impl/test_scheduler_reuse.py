@@ -16,7 +16,7 @@ from tailproof.impl.scheduler_side import SchedulerSide
 
 H, B = 4, 16
 GEO = StoreGeometry(core_group_ids=(0, 1), block_sizes=(B, B), is_mamba=(False, True),
-                    hash_block_size=H, lcm_block_size=B, partial_hits=True, use_eagle=False,
+                    hash_block_size=H, scheduler_block_size=B, partial_hits=True, use_eagle=False,
                     num_blocks=64)
 ON = Settings(turn_end_checkpoints=True)
 
@@ -121,7 +121,7 @@ class Harness:
 
     def report_all(self) -> None:
         """The worker reports every emitted job (their pins go)."""
-        done = dict.fromkeys(self.side.pinned_saves, 1)
+        done = dict.fromkeys(self.side.held, 1)
         self.side.update_connector_output(TailproofWorkerMeta(completed_saves=done))
 
     def refs(self, ids: list[int]) -> list[int]:
@@ -211,7 +211,7 @@ def test_finish_without_flush_releases_slots() -> None:
     t.report_all()
     req.num_computed_tokens = 47  # as if the snapshot's step never completed
     assert t.side.finish_turn(req, t.tables["r"]) is None
-    assert t.refs([slot]) == [0] and t.side.pinned_saves == {}
+    assert t.refs([slot]) == [0] and t.side.held == {}
     assert t.side.finish_turn(req, t.tables["r"]) is None  # nothing left to release
     t.step(finished=("r",))
     assert t.refs([slot]) == [0]

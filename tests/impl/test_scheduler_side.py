@@ -13,7 +13,7 @@ from tailproof.impl.scheduler_side import SchedulerSide
 
 def side(fa_bs: int, eagle: bool, workers: int = 1) -> SchedulerSide:
     g = StoreGeometry(core_group_ids=(0, 1), block_sizes=(fa_bs, 16), is_mamba=(False, True),
-                 hash_block_size=4, lcm_block_size=16, partial_hits=True, use_eagle=eagle,
+                 hash_block_size=4, scheduler_block_size=16, partial_hits=True, use_eagle=eagle,
                       eagle_group_ids=frozenset({0, 1}) if eagle else frozenset(),
                       num_blocks=64)
     return SchedulerSide(Settings(), g, None, workers)
@@ -71,7 +71,7 @@ def test_pins_released_once_after_every_worker() -> None:
     pool = Pool()
     s.bind_gpu_block_pool(pool)
     job = s._take_pins([5, 6])
-    assert pool.blocks[5].ref_cnt == 1 and s.pinned_saves[job] == ([5, 6], 2)
+    assert pool.blocks[5].ref_cnt == 1 and s.held[job] == ([5, 6], 2)
     s.update_connector_output(TailproofWorkerMeta(completed_saves={job: 1}))
     assert pool.blocks[5].ref_cnt == 1 and s.has_pending_push_work()
     s.update_connector_output(TailproofWorkerMeta(completed_saves={job: 1}))

@@ -32,7 +32,7 @@ def _no_byte_errors(e: Engine) -> None:
 
 def _drained(e: Engine) -> None:
     """Everything finished: no pins left, no block referenced, a prefix reset succeeds."""
-    assert e.conn.scheduler_side.pinned_saves == {}
+    assert e.conn.scheduler_side.held == {}
     assert e.refcounts() == {}
     assert e.sched.kv_cache_manager.reset_prefix_cache()
 
@@ -55,7 +55,7 @@ def test_connector_is_loaded_from_kv_transfer_config(store_ns: dict) -> None:
     e = Engine(store_ns)
     assert isinstance(e.conn, TailproofConnector)
     assert e.conn.geo.partial_hits and e.conn.geo.alignment == 4
-    assert e.conn.geo.lcm_block_size == 16 and e.conn.geo.is_mamba == (False, True)
+    assert e.conn.geo.scheduler_block_size == 16 and e.conn.geo.is_mamba == (False, True)
     e.shutdown()
 
 
@@ -176,7 +176,7 @@ def test_pins_hold_blocks_until_reported(store_ns: dict) -> None:
     assert jobs
     side = e.conn.scheduler_side
     for job in jobs:
-        ids, left = side.pinned_saves[job.store_job_id]
+        ids, left = side.held[job.store_job_id]
         assert left == 1
         assert all(e.sched.kv_cache_manager.block_pool.blocks[b].ref_cnt >= 1 for b in ids)
     e.shutdown()
@@ -249,7 +249,7 @@ def test_finish_time_handoff_of_aborted_producer(store_ns: dict) -> None:
     assert list(side.finished_partial_tails) == ["p"]
     job = side.finished_partial_tails["p"]
     assert [(p.group_id, p.num_tokens) for p in job.boundary_puts] == [(0, 44), (1, 44)]
-    assert job.store_job_id in side.pinned_saves  # pinned while the request still owned the blocks
+    assert job.store_job_id in side.held  # pinned while the request still owned the blocks
     e1.run()
     _drained(e1)
     e2 = Engine(store_ns)

@@ -180,7 +180,7 @@ class _Gen:
         elif r < 0.07:
             self.emit(op("reset"))
         elif r < 0.12:
-            self.emit(op("snapshot"))
+            self.emit(op("pool_state"))
         for rid in list(self.live):
             if rng.random() < 0.1:
                 self.emit(op("table", rid=rid))
@@ -189,7 +189,7 @@ class _Gen:
         while len(self.run.ops) < self.num_ops:
             self.step()
         self.emit(op("release_retained"))
-        self.emit(op("snapshot"))
+        self.emit(op("pool_state"))
         return self.run.doc()
 
 
@@ -207,7 +207,7 @@ CHAOS_OPS = [
     "lookup", "plan_chunk", "allocate", "allocate", "allocate", "commit", "commit",
     "set_in_flight", "append_output", "drain_copies", "release_retained",
     "drain_offloads", "finalize_tail", "free", "preempt", "evict", "reset", "truncate",
-    "new_step", "new_step", "snapshot", "table"]
+    "new_step", "new_step", "pool_state", "table"]
 REQUEST_OPS = ("lookup", "plan_chunk", "allocate", "commit", "set_in_flight", "append_output",
                "finalize_tail", "free", "preempt", "truncate", "table")
 
@@ -236,7 +236,7 @@ def gen_chaos_trace(seed: int, num_ops: int = 200) -> dict[str, Any]:
         if chaos["op"] == "free":
             live.discard(rid)
         ops.append(chaos)
-    ops.append({"op": "snapshot"})
+    ops.append({"op": "pool_state"})
     return {"format": FORMAT_TAG, "name": "chaos", "config": cfg, "ops": ops}
 
 

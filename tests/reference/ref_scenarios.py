@@ -74,7 +74,7 @@ def c1() -> dict[str, Any]:
     """Producer P=7 chunks 4,6,7 (running CoW), decode boundary, free order."""
     ops = producer_c1() + [
         {"op": "table", "rid": "p", "expect": {"blocks": [[1, 2, 4, 6], [0, 5]]}},
-        {"op": "snapshot", "expect": {"refcounts": [[1, 1], [2, 1], [4, 1], [5, 2], [6, 1],
+        {"op": "pool_state", "expect": {"refcounts": [[1, 1], [2, 1], [4, 1], [5, 2], [6, 1],
                                                     [7, 1]]}},
         {"op": "release_retained"},
         {"op": "finalize_tail", "rid": "p", "expect": {"tails": []}},
@@ -84,7 +84,7 @@ def c1() -> dict[str, Any]:
         {"op": "drain_offloads", "expect": {"offloads": [off("p", 1, 5, 8, "aligned")]}},
         {"op": "commit", "rid": "p"},
         {"op": "free", "rid": "p"},
-        {"op": "snapshot", "expect": {
+        {"op": "pool_state", "expect": {
             "free_queue": [*range(8, 20), 3, 7, 6, 4, 2, 1, 5], "refcounts": []}},
     ]
     return trace("C1", {**FA2_M4_H2, "num_blocks": 20}, ops)
@@ -102,7 +102,7 @@ def c2() -> dict[str, Any]:
         {"op": "drain_copies", "expect": {"copies": [[7, 9]]}},
         {"op": "drain_offloads", "expect": {"offloads": [off("c", 1, 9, 8, "aligned")]}},
         {"op": "table", "rid": "c", "expect": {"blocks": [[1, 2, 4, 8], [0, 9]]}},
-        {"op": "snapshot", "expect": {"refcounts": [[1, 1], [2, 1], [4, 1], [7, 1], [8, 1],
+        {"op": "pool_state", "expect": {"refcounts": [[1, 1], [2, 1], [4, 1], [7, 1], [8, 1],
                                                     [9, 2]]}},
         {"op": "release_retained"},
         {"op": "commit", "rid": "c"},
@@ -276,11 +276,11 @@ def c10() -> dict[str, Any]:
     """A held CoW endpoint keeps its block out of the free queue and blocks a reset."""
     ops = producer_c1() + [
         {"op": "free", "rid": "p"},
-        {"op": "snapshot", "expect": {"refcounts": [[5, 1], [7, 1]]}},
+        {"op": "pool_state", "expect": {"refcounts": [[5, 1], [7, 1]]}},
         {"op": "reset", "expect": {"ok": False}},
         {"op": "release_retained"},
         {"op": "reset", "expect": {"ok": True}},
-        {"op": "snapshot", "expect": {"keys": []}},
+        {"op": "pool_state", "expect": {"keys": []}},
     ]
     return trace("C10", {**FA2_M4_H2, "num_blocks": 20}, ops)
 

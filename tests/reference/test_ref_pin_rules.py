@@ -7,7 +7,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from tailproof.reference.connector.config import ConnectorConfig, StoreGeometry
-from tailproof.reference.connector.meta import ReqMeta, RequestTracker
+from tailproof.reference.connector.meta import RequestTracker, StoreJob
 from tailproof.reference.connector.scheduler import ConnectorScheduler
 from tailproof.reference.connector.store import ScriptedStore
 from tailproof.reference.connector.worker import SendingWorker
@@ -48,16 +48,16 @@ def _sched(**conf: object) -> ConnectorScheduler:
     return s
 
 
-def _job(start: int, end: int, rid: str = "A") -> ReqMeta:
-    return ReqMeta(req_id=rid, token_len_chunk=end, token_ids_start=start, can_save=True,
+def _job(start: int, end: int, rid: str = "A") -> StoreJob:
+    return StoreJob(req_id=rid, token_len_chunk=end, token_ids_start=start, can_save=True,
                    block_ids=(list(FA_TABLE), [0] * 8),
                    block_hashes=[bytes([i]) for i in range(32)], num_prompt_tokens=200,
                    completed_token_len=end)
 
 
-def _pins(s: ConnectorScheduler, job: ReqMeta) -> list[int]:
+def _pins(s: ConnectorScheduler, job: StoreJob) -> list[int]:
     s._reference_save_blocks([job])
-    return s.pinned_saves[job.store_job_id][0]
+    return s.held[job.store_job_id][0]
 
 
 def test_vllm_rule_by_default_and_readable_pins_when_set() -> None:
@@ -110,4 +110,4 @@ def test_pin_budget_skips_without_an_id() -> None:
     wide.earlier_pins = 8
     rows = [_job(16, 32)]
     wide._reference_save_blocks(rows)
-    assert rows == [] and list(wide.pinned_saves) == [first.store_job_id]
+    assert rows == [] and list(wide.held) == [first.store_job_id]

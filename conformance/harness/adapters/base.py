@@ -137,7 +137,7 @@ class ConnectorAdapter:
             self.running.add(rid)
         jobs, loads = self.build(ConnStep(rows, finished, preempted, offloads, ctx))
         out = {"offered": offload_obs(offloads), "jobs": jobs, "loads": loads,
-               "held": held_obs(self.pinned())}
+               "held": held_obs(self.held())}
         if self.turn_end or self.junctions:
             out["snapshots"] = [{"rid": r, "group": g, "boundary": b, "src": src, "slot": slot}
                                 for r, g, src, slot, b in self.snapshots()]
@@ -159,7 +159,7 @@ class ConnectorAdapter:
         out["job"] = job
         if self.turn_end:  # EXTENSION rule 3: after the partial tail
             out["turn_end"] = self.finish_turn(req, block_ids)
-        out["held"] = held_obs(self.pinned())
+        out["held"] = held_obs(self.held())
         return out
 
     # --- workers -----------------------------------------------------------------------
@@ -197,11 +197,11 @@ class ConnectorAdapter:
                 total[j] = total.get(j, 0) + c
         released = self.report(total)
         return {"reported": [[j, c] for j, c in sorted(total.items())], "released": released,
-                "held": held_obs(self.pinned()), "pending_push": bool(self.pinned())}
+                "held": held_obs(self.held()), "pending_push": bool(self.held())}
 
     def _released(self, before: set[int], completed: dict[int, int]) -> list[int]:
         """The reported jobs whose pins the report released (held before, not after)."""
-        return [j for j in completed if j in before and j not in self.pinned()]
+        return [j for j in completed if j in before and j not in self.held()]
 
     # --- lookups -----------------------------------------------------------------------
 
@@ -256,7 +256,7 @@ class ConnectorAdapter:
         return {"store": sorted([list(t) for t in self.store_tags()])}
 
     def _op_conn_state(self, op: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
-        out = {"held": held_obs(self.pinned()), "pending_push": bool(self.pinned()),
+        out = {"held": held_obs(self.held()), "pending_push": bool(self.held()),
                "trackers": self.trackers(),
                "workers": [self.worker_state(w) for w in range(self.conf["num_workers"])]}
         if self.turn_end:
@@ -274,7 +274,7 @@ class ConnectorAdapter:
     def job_obs(self, job: Any) -> dict[str, Any]:
         """A store job (``ReqMeta`` / ``MooncakeStoreRequestMeta`` / impl's ``StoreJob``) with
         the blocks its pin holds."""
-        pins = self.pinned().get(job.store_job_id, ([], 0))[0]
+        pins = self.held().get(job.store_job_id, ([], 0))[0]
         return job_obs(job.store_job_id, job.req_id, job.token_ids_start, job.token_len_chunk,
                        job.publish_partial_tail,
                        [(p.group_id, p.block_id, p.num_tokens) for p in job.boundary_puts or []],
@@ -301,7 +301,7 @@ class ConnectorAdapter:
         """``build_connector_meta``: the step's store jobs and loads, as observed."""
         raise NotImplementedError
 
-    def pinned(self) -> dict[int, tuple[list[int], int]]:
+    def held(self) -> dict[int, tuple[list[int], int]]:
         raise NotImplementedError
 
     def register(self, req: Any, block_ids: tuple[list[int], ...],

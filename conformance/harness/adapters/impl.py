@@ -247,7 +247,8 @@ class ImplConnector(ConnectorAdapter):
             core_group_ids=tuple(range(len(groups))),
             block_sizes=tuple(g.block_size for g in groups),
             is_mamba=tuple(bool(g.is_mamba) for g in groups),
-            hash_block_size=config.hash_block_size, lcm_block_size=config.scheduler_block_size,
+            hash_block_size=config.hash_block_size,
+            scheduler_block_size=config.scheduler_block_size,
             partial_hits=core_backend.partial_hits,
             use_eagle=bool(config.use_eagle), num_blocks=config.num_blocks,
             window_group_ids=frozenset(i for i, g in enumerate(groups)
@@ -392,7 +393,7 @@ class ImplConnector(ConnectorAdapter):
         """Execute this step's loads on every rank and check the loaded bytes."""
         if not meta.loads:
             return
-        lcm = self.geo.lcm_block_size
+        lcm = self.geo.scheduler_block_size
         for ws, runner in zip(self.workers, self.runners, strict=True):
             ws.start_load(TailproofMeta(loads=meta.loads))
             ws.run_loads()  # the receiver thread runs them; this waits for every one
@@ -408,8 +409,8 @@ class ImplConnector(ConnectorAdapter):
                 self.byte_errors += [f"load {job.req_id}: {b}" for b in bad]
         self._raise_byte_errors()
 
-    def pinned(self) -> dict[int, tuple[list[int], int]]:
-        return self.sched.pinned_saves
+    def held(self) -> dict[int, tuple[list[int], int]]:
+        return self.sched.held
 
     def register(self, req: Any, block_ids: tuple[list[int], ...],
                  tails: list[tuple[int, int, int]]) -> dict[str, Any] | None:
@@ -480,7 +481,7 @@ class ImplConnector(ConnectorAdapter):
         return dict(meta.completed_saves)
 
     def report(self, completed: dict[int, int]) -> list[int]:
-        before = set(self.sched.pinned_saves)
+        before = set(self.sched.held)
         offsets, self.offsets = self.offsets, {}
         self.sched.update_connector_output(TailproofWorkerMeta(completed_saves=dict(completed),
                                                                saved_offsets=offsets))

@@ -82,8 +82,8 @@ class ReferenceConnector(ConnectorAdapter):
             w.close_ended_store_requests(finished, preempted)
         return jobs, loads
 
-    def pinned(self) -> dict[int, tuple[list[int], int]]:
-        return self.sched.pinned_saves
+    def held(self) -> dict[int, tuple[list[int], int]]:
+        return self.sched.held
 
     def register(self, req: Any, block_ids: tuple[list[int], ...],
                  tails: list[tuple[int, int, int]]) -> dict[str, Any] | None:

@@ -218,7 +218,7 @@ class VllmMooncakeConnector(ConnectorAdapter):
             self.m.MooncakeStoreWorker._close_ended_store_requests(w, set(step.finished), meta)
         return jobs, loads
 
-    def pinned(self) -> dict[int, tuple[list[int], int]]:
+    def held(self) -> dict[int, tuple[list[int], int]]:
         return self.sched._pinned_saves
 
     def register(self, req: Any, block_ids: tuple[list[int], ...],

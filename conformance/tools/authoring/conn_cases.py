@@ -46,9 +46,9 @@ def subblock_tail_reads_cow_target() -> Case:
     c.add("A", [rng(0, 13)])
     c.step(admit=("A",))
     c.step(run=("A",))
-    c.op("snapshot")
+    c.op("pool_state")
     c.op("worker_run")
-    c.op("snapshot")
+    c.op("pool_state")
     c.op("worker_report")
     c.op("store_keys")
     c.add("B", [of("A", 13), rng(100, 103)])
@@ -77,7 +77,7 @@ def smaller_group_tail_puts() -> Case:
     c.op("worker_run")
     c.op("worker_report")
     c.op("store_keys")
-    c.op("snapshot")
+    c.op("pool_state")
     return c
 
 
@@ -99,7 +99,7 @@ def null_and_mamba_never_saved_positionally() -> Case:
     c.op("worker_run")
     c.op("worker_report")
     c.op("store_keys")
-    c.op("snapshot")
+    c.op("pool_state")
     return c
 
 
@@ -123,7 +123,7 @@ def pressure_gate() -> Case:
     c.op("worker_run")
     c.op("worker_report")
     c.op("store_keys")
-    c.op("snapshot")
+    c.op("pool_state")
     return c
 
 
@@ -184,13 +184,13 @@ def pins_survive_preemption() -> Case:
     c.add("A", [rng(0, 33)])
     c.step(admit=("A",), budget=16)
     c.op("preempt", rid="A")
-    c.op("snapshot")
+    c.op("pool_state")
     c.step(preempted=("A",))
-    c.op("snapshot")
+    c.op("pool_state")
     c.step(admit=("A",), budget=16)
     c.op("worker_run")
     c.op("worker_report")
-    c.op("snapshot")
+    c.op("pool_state")
     c.op("store_keys")
     return c
 
@@ -217,13 +217,13 @@ def request_id_reuse() -> Case:
     c.op("conn_state")
     c.op("worker_run", n=1)
     c.op("worker_report")
-    c.op("snapshot")
+    c.op("pool_state")
     c.op("worker_run")
     c.op("worker_report")
     c.op("store_keys")
     c.add("B", [rng(50, 67), 1])
     c.op("store_lookup", rid="B")
-    c.op("snapshot")
+    c.op("pool_state")
     return c
 
 
@@ -239,12 +239,12 @@ def two_workers_release_last() -> Case:
     c.step(run=("A",))
     c.op("worker_run", worker=0)
     c.op("worker_report", workers=[0])
-    c.op("snapshot")
+    c.op("pool_state")
     c.add("B", [of("A", 13), 1, 2, 3])
     c.op("store_lookup", rid="B")
     c.op("worker_run", worker=1)
     c.op("worker_report", workers=[1])
-    c.op("snapshot")
+    c.op("pool_state")
     c.op("store_lookup", rid="B")
     c.op("store_keys")
     return c
@@ -262,11 +262,11 @@ def finish_handoff_pinned_before_cleanup() -> Case:
     c.step(admit=("A",))
     c.op("conn_finish", rid="A")
     c.op("free", rid="A")
-    c.op("snapshot")
+    c.op("pool_state")
     c.step(finished=("A",))
     c.op("worker_run")
     c.op("worker_report")
-    c.op("snapshot")
+    c.op("pool_state")
     c.op("store_keys")
     c.add("B", [rng(0, 13), 9, 9, 9])
     c.op("store_lookup", rid="B")
@@ -311,7 +311,7 @@ def resumed_prefill_claims_past_prompt() -> Case:
     c.op("worker_run")
     c.op("worker_report")
     c.op("store_keys")
-    c.op("snapshot")
+    c.op("pool_state")
     return c
 
 
@@ -326,7 +326,7 @@ def decode_boundary_dropped() -> Case:
     c.step(run=("A",))
     c.op("append_output", rid="A", tokens=[rng(40, 44)])
     c.step(run=("A",), n={"A": 4})
-    c.op("snapshot")
+    c.op("pool_state")
     c.op("conn_state")
     return c
 
@@ -487,7 +487,7 @@ def pins_block_reset() -> Case:
     c.op("reset")
     c.op("worker_run")
     c.op("worker_report")
-    c.op("snapshot")
+    c.op("pool_state")
     c.op("reset")
     return c
 
@@ -528,7 +528,7 @@ def consumer_claims_nothing() -> Case:
     c.step(admit=("A",))
     c.step(run=("A",))
     c.op("conn_finish", rid="A")
-    c.op("snapshot")
+    c.op("pool_state")
     c.op("conn_state")
     return c
 
@@ -581,7 +581,7 @@ def cow_target_not_reused() -> Case:
     c.op("free", rid="A")
     c.add("F", [rng(500, 540)])
     c.step(admit=("F",), finished=("A",))
-    c.op("snapshot")
+    c.op("pool_state")
     c.op("worker_run")
     c.op("worker_report")
     c.op("store_keys")
@@ -607,7 +607,7 @@ def external_mamba_admission_undercount() -> Case:
     c.op("sched_lookup", rid="B")
     c.op("plan_chunk", rid="B", use_hit=True, external=8)
     c.op("allocate", rid="B", n="plan", use_hit=True, external=8)
-    c.op("snapshot")
+    c.op("pool_state")
     c.op("table", rid="B")
     return c
 
@@ -670,10 +670,10 @@ def spec_blocks_store_round_trip() -> Case:
     c.add("B", [of("A", 38), rng(100, 104)])
     c.step(admit=("B",))
     c.op("table", rid="B")
-    c.op("snapshot")
+    c.op("pool_state")
     c.op("worker_run")
     c.op("worker_report")
-    c.op("snapshot")
+    c.op("pool_state")
     return c
 
 
@@ -721,7 +721,7 @@ def window_store_mask_skips_null_chunk() -> Case:
     c.op("store_keys")
     c.add("C", [of("B", 48), rng(200, 204)])
     c.op("store_lookup", rid="C")
-    c.op("snapshot")
+    c.op("pool_state")
     return c
 
 
@@ -751,7 +751,7 @@ def window_tail_puts_skip_null() -> Case:
     c.op("store_keys")
     c.add("C", [of("A", 46), rng(300, 304)])
     c.op("store_lookup", rid="C")
-    c.op("snapshot")
+    c.op("pool_state")
     return c
 
 
@@ -775,7 +775,7 @@ def window_eagle_store_mask_shift() -> Case:
     c.op("store_keys")
     c.add("B", [of("A", 150), rng(400, 420)])
     c.op("store_lookup", rid="B")
-    c.op("snapshot")
+    c.op("pool_state")
     return c
 
 

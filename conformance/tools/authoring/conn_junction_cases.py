@@ -78,7 +78,7 @@ def junction_stored_and_loaded() -> Case:
     c.op("store_lookup", rid="C")
     c.step(run=("B",), admit=("C",))
     c.op("table", rid="C")
-    c.op("snapshot")
+    c.op("pool_state")
     return c
 
 
@@ -178,14 +178,14 @@ def junction_pins_two_workers() -> Case:
     prefill_a(c, workers=2)
     c.add("B", [of("A", 22), rng(200, 218)])
     c.step(admit=("B",))
-    c.op("snapshot")
+    c.op("pool_state")
     c.op("worker_run", worker=0)
     c.op("worker_report", workers=[0])
-    c.op("snapshot")
+    c.op("pool_state")
     c.op("conn_state")
     c.op("worker_run", worker=1)
     c.op("worker_report", workers=[1])
-    c.op("snapshot")
+    c.op("pool_state")
     c.add("C", [of("A", 22), rng(300, 318)])
     c.step(run=("B",), admit=("C",))
     c.op("table", rid="C")
@@ -236,7 +236,7 @@ def junction_at_vllm_junction_unkeyed() -> Case:
     c.op("store_lookup", rid="C")
     c.step(run=("B",), admit=("C",))
     c.op("table", rid="C")
-    c.op("snapshot")
+    c.op("pool_state")
     return c
 
 
@@ -262,7 +262,7 @@ def device_junction_keyed() -> Case:
     c.op("store_lookup", rid="C")
     c.step(run=("B",), admit=("C",))
     c.op("table", rid="C")
-    c.op("snapshot")
+    c.op("pool_state")
     return c
 
 
@@ -290,7 +290,7 @@ def device_keyed_store_side_junction() -> Case:
     c.op("store_lookup", rid="C")
     c.step(run=("B",), admit=("C",))
     c.op("table", rid="C")
-    c.op("snapshot")
+    c.op("pool_state")
     return c
 
 

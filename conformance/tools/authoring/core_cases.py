@@ -31,12 +31,12 @@ def c01() -> Case:
              C1)
     c.add("r0", P7)
     c.prefill("r0", 3)
-    c.op("snapshot")
+    c.op("pool_state")
     c.op("finalize_tail", rid="r0")
     c.op("append_output", rid="r0", tokens=[5])
     c.step(run=("r0",), n={"r0": 1})
     c.op("free", rid="r0")
-    c.op("snapshot")
+    c.op("pool_state")
     return c
 
 
@@ -53,9 +53,9 @@ def c02() -> Case:
     c.op("free", rid="r0")
     c.add("r1", [0, 0, 1, 1, 2, 2, 9, 9, 8])
     c.prefill("r1", 2)
-    c.op("snapshot")
+    c.op("pool_state")
     c.op("free", rid="r1")
-    c.op("snapshot")
+    c.op("pool_state")
     return c
 
 
@@ -77,7 +77,7 @@ def c03() -> Case:
     c.op("drain_copies")
     c.op("release_retained")
     c.prefill("r1", 1)
-    c.op("snapshot")
+    c.op("pool_state")
     return c
 
 
@@ -91,7 +91,7 @@ def c04() -> Case:
     c.op("finalize_tail", rid="r0")
     c.op("finalize_tail", rid="r0")
     c.op("free", rid="r0")
-    c.op("snapshot")
+    c.op("pool_state")
     return c
 
 
@@ -108,7 +108,7 @@ def c05() -> Case:
     c.op("commit", rid="r0")
     c.op("finalize_tail", rid="r0")
     c.op("free", rid="r0")
-    c.op("snapshot")
+    c.op("pool_state")
     return c
 
 
@@ -136,7 +136,7 @@ def c07() -> Case:
     c.prefill("r0", 3)
     c.add("r1", [0, 0, 1, 1, 2, 2, 9, 9, 8])
     c.prefill("r1", 2)
-    c.op("snapshot")
+    c.op("pool_state")
     return c
 
 
@@ -156,7 +156,7 @@ def c08() -> Case:
     c.op("lookup", rid="twelve")
     c.add("three", [0, 1, 2])
     c.op("lookup", rid="three")
-    c.op("snapshot")
+    c.op("pool_state")
     return c
 
 
@@ -171,7 +171,7 @@ def c09() -> Case:
     c.op("lookup", rid="c")
     c.add("r", [{"prompt_of": "p", "n": 49}])
     c.op("lookup", rid="r")
-    c.op("snapshot")
+    c.op("pool_state")
     return c
 
 
@@ -187,7 +187,7 @@ def c10() -> Case:
     c.step(run=("p",), n={"p": 1})
     c.add("r", [0, 0, 1, 1])
     c.op("lookup", rid="r")
-    c.op("snapshot")
+    c.op("pool_state")
     return c
 
 
@@ -201,7 +201,7 @@ def c11() -> Case:
     c.prefill("p", 3)
     c.add("r", [{"prompt_of": "p", "n": 8}])
     c.op("lookup", rid="r")
-    c.op("snapshot")
+    c.op("pool_state")
     return c
 
 
@@ -220,7 +220,7 @@ def c12() -> Case:
     c.op("free", rid="f")
     c.add("c", [0, 0, 1, 1, 2, 2, 9, 9, 8])
     c.op("lookup", rid="c")
-    c.op("snapshot")
+    c.op("pool_state")
     return c
 
 
@@ -236,7 +236,7 @@ def c13() -> Case:
     c.op("reset")
     c.add("r1", P7)
     c.op("lookup", rid="r1")
-    c.op("snapshot")
+    c.op("pool_state")
     return c
 
 
@@ -256,7 +256,7 @@ def c14() -> Case:
     c.op("reset")
     c.op("release_retained")
     c.op("reset")
-    c.op("snapshot")
+    c.op("pool_state")
     return c
 
 
@@ -272,9 +272,9 @@ def c15() -> Case:
     for _ in range(7):
         c.step(run=("p",), n={"p": 1})
     c.op("preempt", rid="p")
-    c.op("snapshot")
+    c.op("pool_state")
     c.prefill("p", 1)
-    c.op("snapshot")
+    c.op("pool_state")
     return c
 
 
@@ -291,10 +291,10 @@ def c16() -> Case:
     c.op("allocate", rid="r0", n="plan")
     c.op("free", rid="r0")
     c.op("drain_offloads")
-    c.op("snapshot")
+    c.op("pool_state")
     c.op("drain_copies")
     c.op("release_retained")
-    c.op("snapshot")
+    c.op("pool_state")
     return c
 
 
@@ -307,7 +307,7 @@ def c17() -> Case:
     c.add("p", [{"range": [0, 15]}])
     c.step(admit=("p",), external={"p": 10})
     c.step(run=("p",))
-    c.op("snapshot")
+    c.op("pool_state")
     c.op("finalize_tail", rid="p")
     return c
 
@@ -319,7 +319,7 @@ def c18() -> Case:
     c.add("p", [{"range": [0, 16]}])
     c.step(admit=("p",), n={"p": 8})
     c.step(run=("p",), n={"p": 8})
-    c.op("snapshot")
+    c.op("pool_state")
     return c
 
 
@@ -332,7 +332,7 @@ def c19() -> Case:
     c.prefill("p", 2)
     c.add("c", [{"prompt_of": "p", "n": 12}, 60, 61, 62, 63, 64])
     c.prefill("c", 2)
-    c.op("snapshot")
+    c.op("pool_state")
     return c
 
 
@@ -383,7 +383,7 @@ def c23() -> Case:
     c.op("free", rid="a")
     c.op("lookup", rid="b")
     c.op("allocate", rid="b", n=24, use_hit=True)
-    c.op("snapshot")
+    c.op("pool_state")
     return c
 
 
@@ -416,9 +416,9 @@ def c25() -> Case:
     c.op("lookup", rid="c")
     c.op("allocate", rid="c", n=2, use_hit=True, delay_cache=True)
     c.op("drain_copies")
-    c.op("snapshot")
+    c.op("pool_state")
     c.op("release_retained")
-    c.op("snapshot")
+    c.op("pool_state")
     return c
 
 
@@ -433,7 +433,7 @@ def c26() -> Case:
     c.op("lookup", rid="c")
     c.add("s", [{"prompt_of": "p", "n": 7}])
     c.op("lookup", rid="s")
-    c.op("snapshot")
+    c.op("pool_state")
     return c
 
 
@@ -445,12 +445,12 @@ def c27() -> Case:
     c.add("a", [{"range": [0, 14]}])
     c.step(admit=("a",), n={"a": 14})
     c.op("free", rid="a")
-    c.op("snapshot")
+    c.op("pool_state")
     c.add("b", [{"range": [0, 9]}, 77, 78])
     c.step(admit=("b",), n={"b": "plan"})
-    c.op("snapshot")
+    c.op("pool_state")
     c.op("free", rid="b")
-    c.op("snapshot")
+    c.op("pool_state")
     return c
 
 
@@ -462,7 +462,7 @@ def c28() -> Case:
     c.add("r0", P7)
     c.prefill("r0", 3)
     c.op("evict", keys=[[1, 6]])
-    c.op("snapshot")
+    c.op("pool_state")
     c.add("c", [0, 0, 1, 1, 2, 2, 9, 9, 8])
     c.op("lookup", rid="c")
     return c
@@ -478,7 +478,7 @@ def c29() -> Case:
     c.op("free", rid="r0")
     c.add("r0", [0, 0, 1, 1, 2, 2, 9, 9, 4])
     c.prefill("r0", 2)
-    c.op("snapshot")
+    c.op("pool_state")
     return c
 
 
@@ -490,9 +490,9 @@ def c30() -> Case:
     c.add("p", [{"range": [0, 30]}])
     c.prefill("p", 2)
     c.op("preempt", rid="p")
-    c.op("snapshot")
+    c.op("pool_state")
     c.prefill("p", 1)
-    c.op("snapshot")
+    c.op("pool_state")
     return c
 
 
@@ -507,7 +507,7 @@ def c31() -> Case:
     c.add("c2", [0, 0, 1, 1, 2, 2, 9, 9, 2])
     c.prefill("c1", 1)
     c.prefill("c2", 1)
-    c.op("snapshot")
+    c.op("pool_state")
     return c
 
 
@@ -522,7 +522,7 @@ def c32() -> Case:
     c.step(run=("p",), n={"p": 1})
     c.step(run=("p",), n={"p": 1})
     c.step(run=("p",), n={"p": 1})
-    c.op("snapshot")
+    c.op("pool_state")
     return c
 
 
@@ -534,10 +534,10 @@ def c33() -> Case:
              {**C1, "split_block_size": 2})
     c.add("r0", P7)
     c.prefill("r0", 2)
-    c.op("snapshot")
+    c.op("pool_state")
     c.add("c", [0, 0, 1, 1, 2, 2, 9, 9, 8])
     c.prefill("c", 2)
-    c.op("snapshot")
+    c.op("pool_state")
     return c
 
 

@@ -55,7 +55,7 @@ def _fix_51358(doc: dict[str, Any]) -> str:
 
 
 def _fix_52832(doc: dict[str, Any]) -> str:
-    doc["ops"] += [{"op": "free", "rid": "A"}, {"op": "snapshot"}]
+    doc["ops"] += [{"op": "free", "rid": "A"}, {"op": "pool_state"}]
     return ("The request is then freed: the pinned boundary blocks stay referenced by the "
             "job (snapshot).")
 

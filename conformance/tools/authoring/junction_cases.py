@@ -69,11 +69,11 @@ def three_conversations(name: str, description: str, cfg: dict[str, Any]) -> Cas
     finish(c, "a")
     c.add("b", conv(1))
     prefill(c, "b")
-    c.op("snapshot")
+    c.op("pool_state")
     finish(c, "b")
     c.add("c", conv(2))
     prefill(c, "c")
-    c.op("snapshot")
+    c.op("pool_state")
     return c
 
 
@@ -131,7 +131,7 @@ def later_chunk(name: str, description: str, cfg: dict[str, Any]) -> Case:
     finish(c, "b")
     c.add("c", [*LONG, 28, 28, 29, 29, 25])
     prefill(c, "c")
-    c.op("snapshot")
+    c.op("pool_state")
     return c
 
 
@@ -167,7 +167,7 @@ def j07() -> Case:
     finish(c, "b")
     c.add("c", [*shared, 24, 24, 25, 25, 26])
     prefill(c, "c")
-    c.op("snapshot")
+    c.op("pool_state")
     return c
 
 
@@ -182,7 +182,7 @@ def j08() -> Case:
     finish(c, "a")
     c.add("b", [*SHARED, 7])
     prefill(c, "b")
-    c.op("snapshot")
+    c.op("pool_state")
     finish(c, "b")
     return c
 
@@ -203,7 +203,7 @@ def j09() -> Case:
     c.op("evict", keys=[[1, 8], [1, 6]])
     c.op("append_output", rid="b", tokens=[50])
     prefill(c, "b", upto=12)
-    c.op("snapshot")
+    c.op("pool_state")
     return c
 
 

@@ -78,7 +78,7 @@ def two_turn_chat() -> Case:
     c.op("store_lookup", rid="B")
     c.step(admit=("B",))
     c.op("table", rid="B")
-    c.op("snapshot")
+    c.op("pool_state")
     return c
 
 
@@ -136,7 +136,7 @@ def slots_exhausted() -> Case:
         c.op("append_output", rid="B", tokens=[700 + i])
         c.step(run=("B",), n={"B": 1}, finished=("A",) if i == 5 else ())
     c.op("conn_state")
-    c.op("snapshot")
+    c.op("pool_state")
     finish(c, "B", 709)
     c.step(finished=("B",))
     c.op("worker_run")
@@ -162,7 +162,7 @@ def reserve_refuses_slot() -> Case:
     c.op("worker_report")
     decode(c, "A", 500, 3)
     c.op("conn_state")
-    c.op("snapshot")
+    c.op("pool_state")
     c.op("conn_finish", rid="B")
     c.op("free", rid="B")
     c.op("append_output", rid="A", tokens=[503])
@@ -235,7 +235,7 @@ def preemption_releases_slot() -> Case:
     c.op("preempt", rid="A")
     c.step(preempted=("A",))
     c.op("conn_state")
-    c.op("snapshot")
+    c.op("pool_state")
     c.step(admit=("A",))
     c.step(run=("A",))
     decode(c, "A", 505, 3)
@@ -276,7 +276,7 @@ def finish_above_computed() -> Case:
     c.op("worker_run")
     c.op("worker_report")
     c.op("store_keys")
-    c.op("snapshot")
+    c.op("pool_state")
     return c
 
 
@@ -323,15 +323,15 @@ def flush_pins_two_workers() -> Case:
     c.step(run=("A",))
     decode(c, "A", 500, 8)
     finish(c, "A", 508)
-    c.op("snapshot")
+    c.op("pool_state")
     c.step(finished=("A",))
     c.op("worker_run", worker=0)
     c.op("worker_report", workers=[0])
-    c.op("snapshot")
+    c.op("pool_state")
     c.op("conn_state")
     c.op("worker_run", worker=1)
     c.op("worker_report", workers=[1])
-    c.op("snapshot")
+    c.op("pool_state")
     c.add("B", [of("A", 13), rng(500, 509), 3])
     c.op("store_lookup", rid="B")
     return c
@@ -355,7 +355,7 @@ def pinned_slot_not_reused() -> Case:
     finish(c, "A", 505)
     c.add("B", [rng(300, 333)])
     c.step(admit=("B",), finished=("A",))
-    c.op("snapshot")
+    c.op("pool_state")
     c.op("worker_run")
     c.op("worker_report")
     c.op("store_keys")
@@ -380,7 +380,7 @@ def finished_without_tracker() -> Case:
     c.op("conn_state")
     c.op("conn_finish", rid="A")
     c.op("free", rid="A")
-    c.op("snapshot")
+    c.op("pool_state")
     return c
 
 

@@ -42,11 +42,11 @@ def w01() -> Case:
     c.add("A", P[:200], max_tokens=2)
     c.prefill("A", 4)
     c.op("free", rid="A")
-    c.op("snapshot")
+    c.op("pool_state")
     c.op("evict", keys=[[1, 80], [2, 128]])
     c.add("C", P[:230], max_tokens=2)
     c.step(admit=["C"])
-    c.op("snapshot")
+    c.op("pool_state")
     return c
 
 
@@ -61,13 +61,13 @@ def w02() -> Case:
              _window_config(17), RECORD)
     c.add("A", P[:150], max_tokens=2)
     c.prefill("A", 3)
-    c.op("snapshot")
+    c.op("pool_state")
     c.add("B", P[:140] + [7] * 30, max_tokens=2)
     c.step(admit=["B"])
-    c.op("snapshot")
+    c.op("pool_state")
     c.op("free", rid="A")
     c.op("free", rid="B")
-    c.op("snapshot")
+    c.op("pool_state")
     return c
 
 

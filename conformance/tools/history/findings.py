@@ -53,7 +53,7 @@ def decode_boundary_dropped(ops: list[dict[str, Any]], obs: Obs,
 
 
 #: Ops that leave the pool's keys as they are (between a snapshot and the lookup it vouches for).
-_KEY_NEUTRAL = {"add_request", "new_step", "snapshot", "table", "conn_state", "store_keys"}
+_KEY_NEUTRAL = {"add_request", "new_step", "pool_state", "table", "conn_state", "store_keys"}
 
 
 def _fa_prefix(keys: set[tuple[int, int]], group: int, block: int) -> int:
@@ -69,7 +69,7 @@ def junction_past_a_group(ops: list[dict[str, Any]], obs: Obs,
                           config: dict[str, Any]) -> list[Witness]:
     """vLLM #56142: ``HybridKVCacheCoordinator.find_longest_cache_hit`` derives the shared-prefix
     boundary from ``longest_hit_length``, the longest single-group hit, so a lookup's junction
-    can pass what another full-attention group holds. Read off a ``snapshot`` whose keys stand
+    can pass what another full-attention group holds. Read off a ``pool_state`` whose keys stand
     until the ``lookup`` (only key-neutral ops between): each FA group's run of keys bounds its
     hit from above, so a junction past the smallest bound is past that group's hit."""
     fa = [(g, d["block_size"]) for g, d in enumerate(config["groups"])
@@ -79,7 +79,7 @@ def junction_past_a_group(ops: list[dict[str, Any]], obs: Obs,
     out: list[Witness] = []
     keys: set[tuple[int, int]] | None = None
     for i, (op, o) in enumerate(zip(ops, obs, strict=True)):
-        if op["op"] == "snapshot" and o is not None:
+        if op["op"] == "pool_state" and o is not None:
             keys = {(k[0], k[1]) for k in o.get("keys", [])}
         elif op["op"] == "lookup" and o is not None and keys is not None:
             junction = o.get("junction") or 0
