@@ -164,7 +164,11 @@ def _impl_options(args: argparse.Namespace, adapters: list[str],
 
             _isolate_network()
             stack.enter_context(_signals_unwind())
-            address = stack.enter_context(LocalMaster()).address
+            # Its stop is registered before it starts: a signal between the start and the
+            # registration would otherwise leave the master running after the CLI.
+            master = LocalMaster()
+            stack.push(master)
+            address = master.start().address
         options["store_config"] = {"master_address": address}
     stack.callback(impl_adapter.close_shared_stores)
     return {"impl": options}
