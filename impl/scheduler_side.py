@@ -1,4 +1,6 @@
 """Scheduler role: lookups, load specs, store jobs, pins.
+One module (over 600 lines) because it mirrors one vLLM class, ``MooncakeStoreScheduler``,
+method for method; the reuse extension lives in ``turn_end`` and ``junctions``.
 
 Semantics: ``tailproof.reference.connector.scheduler`` (and ``.meta``, ``.tail``). Mirrors vLLM
 0.33's ``MooncakeStoreScheduler`` (``get_num_new_matched_tokens``, ``update_state_after_alloc``,

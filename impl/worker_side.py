@@ -1,4 +1,6 @@
 """Worker role: a step's loads and store jobs against the KV cache tensors, off the step.
+One module (over 600 lines) because it mirrors one vLLM class, ``MooncakeStoreWorker``,
+method for method; the data plane, layout and value format are already modules of their own.
 
 Semantics: ``tailproof.reference.connector.worker`` (store jobs; loads have no reference model,
 their bytes are checked by the ``impl`` adapter). Mirrors vLLM 0.33's ``MooncakeStoreWorker``

@@ -1,5 +1,6 @@
 """Per-group block tables: full attention, sliding window and Mamba "align" (mirrors
-``v1/core/single_type_kv_cache_manager.py``).
+``v1/core/single_type_kv_cache_manager.py``). One module (over 600 lines) because vLLM's is
+one: a reader compares the two class by class.
 
 Out of scope and therefore absent: MTP's extra retained window tokens, DCP/PCP, internal
 prefill checkpoints, sparse retention (dense only), KV events, zeroing bookkeeping. Modelled:

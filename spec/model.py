@@ -1,4 +1,6 @@
 """Executable spec of block refcounts, CoW retention, store-job pins and boundary alignment.
+One module (over 600 lines) on purpose: the whole state and every guarded action read top to
+bottom, as a TLA+ spec does; invariants, arithmetic and proofs are modules of their own.
 
 A deliberately small model of vLLM 0.33's scheduler-side block lifecycle for one hybrid model
 (group 0 full attention, group 1 Mamba ``align``) plus the MooncakeStore connector's pins and

@@ -2,6 +2,7 @@
 (``tailproof.conformance.tools.authoring.author``). Each script runs on vLLM 0.33 + Mooncake
 and on the reference in lockstep (strict block ids) while it is written, and vLLM's
 observations become the expectations. Each description says what the case pins and why.
+Over 600 lines because it is data: one short script per case.
 
     .venv/bin/python conformance/tools/authoring/conn_cases.py [--check] [--out DIR] [NAME ...]
 """
