@@ -212,7 +212,7 @@ class JunctionCheckpoints:
             slots = [b.block_id for b in self.pool.get_new_blocks(k)]
             meta.snapshots += [Snapshot(rid, g, src, slot, n) for g, src, slot in
                                zip(self._mamba_groups, srcs, slots, strict=True)]
-            ids = tuple(list(table[g]) for g in geo.core_group_ids)
+            ids = tuple([list(table[g]) for g in geo.core_group_ids])
             lcm = geo.scheduler_block_size
             job = self._checkpoint_job(req, slots, n, ids, n // lcm * lcm, n, "junction_jobs")
             blocks = self.pool.blocks

@@ -285,7 +285,7 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
                 table = state.get_block_ids(s.req_id)
                 if table is None:
                     raise AssertionError(f"no current block table for store request {s.req_id}")
-                s.block_ids = tuple(list(table[g]) for g in self.geo.core_group_ids)
+                s.block_ids = tuple([list(table[g]) for g in self.geo.core_group_ids])
         # Finish-time jobs were stamped when their KV was taken (_stamp); the rest now.
         late = {id(j) for j in (*self.finished_partial_tails.values(),
                                 *self.finished_turn_ends.values())}
@@ -327,7 +327,7 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
         t = RequestTracker(
             req_id=rid,
             token_len=nr.num_computed_tokens + so.num_scheduled_tokens[rid],
-            allocated_block_ids=tuple(list(nr.block_ids[g]) for g in self.geo.core_group_ids),
+            allocated_block_ids=tuple([list(nr.block_ids[g]) for g in self.geo.core_group_ids]),
             prefill_end_tokens=len(prefill),
         )
         self.request_trackers[rid] = t
@@ -340,7 +340,7 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
                    ids: tuple[list[int], ...], spec: LoadSpec | None) -> None:
         """A load feeding this step's forward (``load_async`` off)."""
         assert spec is not None
-        meta.loads.append(self._load_job(rid, tuple(list(g) for g in ids), req, spec,
+        meta.loads.append(self._load_job(rid, tuple([list(g) for g in ids]), req, spec,
                                          is_async=False))
         self.metrics.loads_emitted += 1
 
@@ -362,7 +362,7 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
                 return  # decode: KV past the prefill is not saved (the common, cheap path)
         new_ids = cached.new_block_ids[i]
         if new_ids:
-            new_ids = tuple(list(new_ids[g]) for g in self.geo.core_group_ids)
+            new_ids = tuple([list(new_ids[g]) for g in self.geo.core_group_ids])
         ent = self.unfinished_requests.get(rid)
         req = ent[0] if ent is not None else None
         if resumed:
@@ -484,7 +484,7 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
             s.boundary_puts = [*self._decode_boundary_puts(s), *s.boundary_puts]
         if tail := self.partial_tail_puts(s):
             s.boundary_puts = [*tail, *s.boundary_puts]
-        ids = dict.fromkeys(p.block_id for p in s.boundary_puts)
+        ids = dict.fromkeys([p.block_id for p in s.boundary_puts])
         if NULL_BLOCK_ID in ids:
             raise AssertionError("a null block can never back a boundary put")
         t = None
@@ -580,7 +580,7 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
                 return False
             mamba.append(BoundaryPut(g, block_id, b))
         s = StoreJob(req_id=rid, token_len_chunk=0,
-                     block_ids=tuple(list(block_ids[g]) for g in self.geo.core_group_ids),
+                     block_ids=tuple([list(block_ids[g]) for g in self.geo.core_group_ids]),
                      block_hashes=list(request.block_hashes), boundary_puts=mamba,
                      completed_token_len=request.num_computed_tokens,
                      num_prompt_tokens=request.num_prompt_tokens)
@@ -633,7 +633,8 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
                     t.confirmed = (job, off)
             if self._job_keys:
                 self._release_inflight(job)
-            self.pool.free_blocks(self.pool.blocks[b] for b in reversed(ids))
+            blocks = self.pool.blocks
+            self.pool.free_blocks([blocks[b] for b in reversed(ids)])
             self.metrics.pinned_blocks -= len(ids)
 
     def has_pending_push_work(self) -> bool:

@@ -177,7 +177,7 @@ class TurnEndCheckpoints:
                 # job runs after this step's copy), not at finish: a next turn sent as soon as
                 # this one ends then finds it stored.
                 table = state.get_block_ids(rid)
-                ids = tuple(list(table[g]) for g in geo.core_group_ids)
+                ids = tuple([list(table[g]) for g in geo.core_group_ids])
                 meta.stores.append(self._checkpoint_job(req, slots, n, ids, t.num_saved_tokens, n))
                 self.release_snapshot(rid)
 
@@ -235,7 +235,7 @@ class TurnEndCheckpoints:
         job = None
         if (self.settings.is_producer and t is not None and b <= request.num_computed_tokens
                 and b // geo.hash_block_size <= len(request.block_hashes)):
-            ids = tuple(list(block_ids[g]) for g in geo.core_group_ids)
+            ids = tuple([list(block_ids[g]) for g in geo.core_group_ids])
             job = self._checkpoint_job(request, slots, b, ids, t.num_saved_tokens,
                                      request.num_computed_tokens)
             if rid in self.finished_turn_ends:
@@ -264,7 +264,7 @@ class TurnEndCheckpoints:
         job = StoreJob(req_id=request.request_id, token_len_chunk=0, block_ids=ids,
                        block_hashes=list(request.block_hashes), boundary_puts=puts,
                        completed_token_len=completed, num_prompt_tokens=request.num_prompt_tokens)
-        job.store_job_id = self._take_pins(list(dict.fromkeys(p.block_id for p in puts)))
+        job.store_job_id = self._take_pins(list(dict.fromkeys([p.block_id for p in puts])))
         if self._track_inflight:
             self._register_inflight(job)
         self.metrics.c.inc(metric)
