@@ -93,10 +93,10 @@ def capture(workload: str, path: str | Path, *, seed: int = 0, connector: str = 
     except BaseException:
         engine.shutdown()
         raise
-    rec.enable_snapshots()
+    rec.enable_pool_states()
     try:
         w.run(engine, random.Random(seed))
-        rec.snapshot()
+        rec.pool_state()
     finally:
         rec.close()
         engine.shutdown()
