@@ -561,6 +561,8 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
     ) -> bool:
         """Pin a finishing request's tail source now (while it still owns the blocks) and
         emit its store job with the next metadata. Never delays the request's free."""
+        # Also in reference.connector.scheduler: impl and the reference it is checked against
+        # must not share a body (docs/architecture.md); both mirror vLLM 0.33 MS:600-670.
         if self.settings.is_consumer or not partial_tail_offloads:
             return False
         rid = request.request_id

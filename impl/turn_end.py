@@ -106,6 +106,8 @@ class TurnEndCheckpoints:
             self._job_keys[s.store_job_id] = keys  # type: ignore[index]
 
     def _release_inflight(self, job: int) -> None:
+        # Also in reference.connector.turn_end (rule 7's in-flight keys): impl and the reference
+        # must not share a body (docs/architecture.md).
         for hh in self._job_keys.pop(job, ()):
             ent = self._inflight[hh]
             ent[1] -= 1
