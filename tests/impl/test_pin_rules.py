@@ -8,6 +8,7 @@ from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
+from stub_pool import Pool
 
 from tailproof.impl.config import ConfigError, Settings, StoreGeometry, parse_settings
 from tailproof.impl.keys import KeyEpoch
@@ -17,22 +18,6 @@ from tailproof.impl.scheduler_side import RequestTracker, SchedulerSide
 
 FA_TABLE = list(range(1, 9))  # FA16 blocks of a 128-token prompt
 MAMBA_TABLE = list(range(20, 28))
-
-
-class Pool:
-    """A stand-in block pool: 64 blocks, touches and frees by id."""
-
-    def __init__(self) -> None:
-        self.blocks = [SimpleNamespace(block_id=i, ref_cnt=0) for i in range(64)]
-
-    def touch(self, blocks: list) -> None:
-        for b in blocks:
-            b.ref_cnt += 1
-
-    def free_blocks(self, blocks) -> None:  # noqa: ANN001
-        for b in blocks:
-            assert b.ref_cnt > 0, "double release"
-            b.ref_cnt -= 1
 
 
 def side(workers: int = 1, **settings: object) -> SchedulerSide:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+from stub_pool import Pool
 
 from tailproof.impl.config import Settings, StoreGeometry
 from tailproof.impl.meta import BoundaryPut, StoreJob, TailproofWorkerMeta
@@ -48,22 +49,6 @@ def test_tail_puts_skip_null_and_unfinished_proof() -> None:
     assert s.partial_tail_puts(save) == []  # proof end 48 not computed yet
     save.completed_token_len = 49
     assert [p.block_id for p in s.partial_tail_puts(save)] == [10, 11, 12]  # null block 9 skipped
-
-
-class Pool:
-    """A stand-in block pool counting touches and frees by id."""
-
-    def __init__(self) -> None:
-        self.blocks = [SimpleNamespace(block_id=i, ref_cnt=0) for i in range(64)]
-
-    def touch(self, blocks: list) -> None:
-        for b in blocks:
-            b.ref_cnt += 1
-
-    def free_blocks(self, blocks) -> None:  # noqa: ANN001
-        for b in blocks:
-            assert b.ref_cnt > 0, "double release"
-            b.ref_cnt -= 1
 
 
 def test_pins_released_once_after_every_worker() -> None:
