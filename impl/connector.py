@@ -202,7 +202,7 @@ class TailproofConnector(KVConnectorBase_V1, SupportsHMA):
             logger.warning("TailproofConnector: %s", self.hash_seed_problem)
         if role == KVConnectorRole.SCHEDULER:
             lookup = StoreLookup(self.geo, self.coord, self.store.exists, self.keys,
-                                 self.world, self.store.removal_count)
+                                 self.world, self.store.removal_count, self.store.change_count)
             self.scheduler_side = SchedulerSide(self.settings, self.geo, lookup,
                                                 self.world, SchedulerMetrics())
         else:

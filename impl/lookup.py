@@ -20,12 +20,15 @@ key beyond the frontier can change it while the frontier key is missing. Past th
 keys are probed in doubling contiguous batches (every key of a batch, so a hole is never
 skipped). A store that counts its removals (``Store.removal_count``: the memory store, the
 trace adapters' stores) makes a removal a store event the connector sees: the memo is dropped
-and rebuilt. A store that cannot (Mooncake evicts silently) may leave a remembered key gone:
-its load then fails closed (the value is absent: ``read_batch`` fails, no block is written),
-is reported in ``failed_recving`` and recomputed, and the request is never offered the store
-again (``SchedulerSide.load_failed``; counted as ``loads_failed`` /
-``remembered_hits_failed``). An eviction in the middle of a remembered prefix is the same
-case: the whole load fails (all or nothing), never a partial or wrong value.
+and rebuilt. A store that counts every change (``Store.change_count``: the memory store) and
+reports none since the last ask is asked nothing: its ``exists`` answers are the ones the memo
+holds, so the remembered answer is the fresh one. A store that cannot report its removals
+(Mooncake evicts silently) may leave a remembered key gone: its load then fails closed (the
+value is absent: ``read_batch`` fails, no block is written), is reported in ``failed_recving``
+and recomputed, and the request is never offered the store again
+(``SchedulerSide.load_failed``; counted as ``loads_failed`` / ``remembered_hits_failed``). An
+eviction in the middle of a remembered prefix is the same case: the whole load fails (all or
+nothing), never a partial or wrong value.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ from tailproof.impl.meta import TailKeyBoundary
 from tailproof.spec.arithmetic import cdiv
 
 ExistsFn = Callable[[Sequence[str]], list[bool]]
-RemovalsFn = Callable[[], "int | None"]
+RemovalsFn = Callable[[], "int | None"]  # also the type of a store's change count
 
 #: Remembered lookups kept at most (waiting requests; the oldest is dropped beyond it).
 MEMO_LIMIT = 4096
@@ -137,6 +140,8 @@ class _Memo:
     scanned: int = 0  # candidates below this hold no missing full-attention key
     result: LookupResult = LookupResult(0)
     remembered: bool = False  # the answer relies on keys found by an earlier ask
+    changes: int | None = None  # the store's change count when the last ask began (None: unknown)
+    key_strings: dict[int, list[str]] = field(default_factory=dict)  # candidate -> rank keys
 
 
 class StoreLookup:
@@ -145,6 +150,7 @@ class StoreLookup:
     def __init__(
         self, geo: StoreGeometry, coord: MooncakeStoreCoordinator, exists: ExistsFn,
         keys: KeySpace, world_size: int, removals: RemovalsFn | None = None,
+        changes: RemovalsFn | None = None,
     ):
         self.geo = geo
         self.coord = coord
@@ -154,6 +160,7 @@ class StoreLookup:
         # Read, never moved, here: the scheduler role owns it (``SchedulerSide.move_epoch``).
         self.key_epoch = KeyEpoch()
         self.removals = removals or (lambda: None)
+        self.changes = changes or (lambda: None)
         self.remember = True  # False: every ask probes every candidate (vLLM 0.33's way)
         self.memos: OrderedDict[str, _Memo] = OrderedDict()
         self.keys_probed = 0  # candidate keys asked (times ranks), since start
@@ -265,7 +272,7 @@ class StoreLookup:
     def _remembered(self, rid: str, num_tokens: int, token_len: int,
                     hashes: Sequence[bytes]) -> _Memo:
         """Re-ask only what can have changed since ``rid``'s last answer."""
-        removals = self.removals()
+        changes, removals = self.changes(), self.removals()
         memo = self.memos.get(rid)
         same = (memo is not None and memo.num_tokens == num_tokens
                 and memo.n_hashes == len(hashes) and memo.epoch == self.epoch
@@ -279,6 +286,11 @@ class StoreLookup:
                 self.memos.popitem(last=False)
         else:
             self.memos.move_to_end(rid)
+            if changes is not None and memo.changes == changes:
+                # nothing put or dropped since the last ask began: every answer stands
+                memo.remembered = memo.result.hit_length > 0
+                return memo
+        memo.changes = None  # set again only once this ask is complete
         first = memo.known == 0
         # Ask again the keys past the last hit that were missing (they may have been put
         # since), up to the frontier; ask new ones past what was asked, in doubling batches
@@ -311,6 +323,7 @@ class StoreLookup:
             memo.remembered = not first and bool(memo.found)
         else:
             memo.remembered = memo.result.hit_length > 0
+        memo.changes = changes
         return memo
 
     def _cap(self, memo: _Memo) -> int | None:
@@ -336,7 +349,14 @@ class StoreLookup:
             return False
         w, key, ep = self.world, self.keys.key, self.epoch
         pairs = [memo.cands.key(i) for i in idx]
-        found = self.exists([key(r, g, hh, ep) for g, hh in pairs for r in range(w)])
+        strings = memo.key_strings  # a re-asked candidate reuses its key strings
+        asked: list[str] = []
+        for i, (g, hh) in zip(idx, pairs, strict=True):
+            ks = strings.get(i)
+            if ks is None:
+                ks = strings[i] = [key(r, g, hh, ep) for r in range(w)]
+            asked.extend(ks)
+        found = self.exists(asked)
         self.keys_probed += len(idx) * w
         changed = False
         present = memo.present

@@ -234,6 +234,12 @@ class Store(abc.ABC):
         store after any removal it can see (``lookup.StoreLookup``)."""
         return None
 
+    def change_count(self) -> int | None:
+        """Keys this store has added or dropped since it opened, or None when it cannot tell
+        every change (Mooncake: other engines' puts, silent evictions). An unchanged count
+        means unchanged ``exists`` answers: a remembered lookup then asks nothing."""
+        return None
+
     def register_buffer(self, buffer: ByteBuffer) -> None:  # noqa: B027 - optional hook
         """Declare a long-lived staging buffer so later puts/gets of views into it are zero-copy.
 

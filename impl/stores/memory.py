@@ -90,6 +90,10 @@ class FaultScript:
         q = self._queues[op]
         return q.popleft() if q else None
 
+    def pending(self, op: str) -> int:
+        """Scripted outcomes still queued for ``op``."""
+        return len(self._queues[op])
+
     def clear(self) -> None:
         for q in self._queues.values():
             q.clear()
@@ -118,6 +122,7 @@ class MemoryStore(Store):
         self._lock = threading.Lock()
         self._closed = False
         self._removals = 0  # keys evicted or removed since start (removal_count)
+        self._changes = 0  # keys published, evicted or removed since start (change_count)
 
     @property
     def used_bytes(self) -> int:
@@ -181,6 +186,7 @@ class MemoryStore(Store):
                     del self._filling[keys[i]]
                     if i in done and not self._closed:
                         self._data[keys[i]] = arr
+                        self._changes += 1
                         outs[i] = Outcome.success(arr.nbytes)
                     else:  # produce raised (or the store closed): the reservation is undone
                         if not self._closed:
@@ -207,6 +213,7 @@ class MemoryStore(Store):
             _, old = self._data.popitem(last=False)
             self._release(old)
             self._removals += 1
+            self._changes += 1
         self._filling[key] = self._allocate(n)
         self._used += n
         return None
@@ -308,6 +315,7 @@ class MemoryStore(Store):
                     self._release(arr)
                     n += 1
             self._removals += n
+            self._changes += n
             return n
 
     def remove_all(self) -> int:
@@ -317,10 +325,17 @@ class MemoryStore(Store):
                 self._release(arr)
             self._data.clear()
             self._removals += n
+            self._changes += n
             return n
 
     def removal_count(self) -> int | None:
         return self._removals
+
+    def change_count(self) -> int | None:
+        # scripted ``exists`` answers are not the keys held: no promise while any is queued
+        if self._closed or self.faults.down or self.faults.pending("exists"):
+            return None
+        return self._changes
 
     def close(self) -> None:
         self.copies.close()

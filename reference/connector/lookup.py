@@ -141,25 +141,34 @@ def store_lookup(geo: StoreGeometry, num_tokens: int, hashes: Sequence[bytes],
 @dataclass(frozen=True)
 class LookupMemo:
     """What the connector remembers of a waiting request's last lookup (not vLLM 0.33): its
-    length, the store's removal count then, and the candidate keys found present."""
+    length, the store's removal and change counts then, the candidate keys found present and
+    the answer."""
 
     num_tokens: int
     removals: int | None
     found: frozenset[tuple[int, bytes]]
+    changes: int | None = None
+    result: LookupResult | None = None
 
 
 def remembered_lookup(geo: StoreGeometry, num_tokens: int, hashes: Sequence[bytes],
                       present: Callable[[int, bytes], bool], removals: int | None,
-                      memo: LookupMemo | None) -> tuple[LookupResult, LookupMemo]:
+                      memo: LookupMemo | None,
+                      changes: int | None = None) -> tuple[LookupResult, LookupMemo]:
     """The remembered-lookup rule (docs/connector-ops.md, "Remembered lookups"): a key found
     present by an earlier ask of the same request is taken as present, unless the store
     reported a removal since (then every key is asked again); every other key is asked now.
     Keys are only added between reported removals, so the answer is ``store_lookup``'s; where
     removals go unreported (``removals`` None) a remembered key may be gone, and the load of
-    such a hit fails closed (``worker``: all or nothing), never serving other bytes."""
+    such a hit fails closed (``worker``: all or nothing), never serving other bytes. A store
+    that counts every key it adds or drops (``changes``) and reports no change since the last
+    ask is asked nothing: every answer stands, so the last answer is the fresh one."""
+    same = memo is not None and memo.num_tokens == num_tokens and (
+        removals is None or memo.removals == removals)
+    if same and changes is not None and memo.changes == changes and memo.result is not None:
+        return memo.result, memo
     keep: frozenset[tuple[int, bytes]] = frozenset()
-    if memo is not None and memo.num_tokens == num_tokens and (
-            removals is None or memo.removals == removals):
+    if same:
         keep = memo.found
 
     def seen(gid: int, digest: bytes) -> bool:
@@ -171,7 +180,7 @@ def remembered_lookup(geo: StoreGeometry, num_tokens: int, hashes: Sequence[byte
         (gid, bytes(hashes[u]))
         for gid, units in candidate_units(geo, len(hashes), max(token_len, 0)).items()
         for u in units if seen(gid, bytes(hashes[u])))
-    return res, LookupMemo(num_tokens, removals, found)
+    return res, LookupMemo(num_tokens, removals, found, changes, res)
 
 
 def tail_key_boundaries(geo: StoreGeometry, hashes: Sequence[bytes], hit: int,

@@ -59,6 +59,7 @@ class ScriptedStore:
         self.script: deque[Any] = deque()
         self.log: list[tuple[list[Any], Any]] = []  # (tags of the batch, script entry)
         self.removals = 0  # keys removed (a store event the connector sees: remembered lookups)
+        self.changes = 0  # keys added or removed (unchanged: a remembered lookup asks nothing)
 
     def set_script(self, script: list[Any]) -> None:
         self.script = deque(check_script(script))
@@ -74,8 +75,13 @@ class ScriptedStore:
             raise StoreRaised("scripted store exception")
         for key, tag, code in zip(keys, tags, codes, strict=True):
             if code >= 0:
-                self.keys[key] = tag
+                self.add(key, tag)
         return codes
+
+    def add(self, key: Hashable, tag: Any) -> None:
+        """Hold ``key`` (seeded or put) with its observation tag."""
+        self.changes += key not in self.keys
+        self.keys[key] = tag
 
     def remove(self, keys: Sequence[Hashable]) -> int:
         n = 0
@@ -83,4 +89,5 @@ class ScriptedStore:
             if self.keys.pop(k, None) is not None:
                 n += 1
         self.removals += n
+        self.changes += n
         return n

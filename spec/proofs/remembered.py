@@ -6,6 +6,9 @@ hit; other groups are checked against a fresh lookup by tests/impl/test_remember
 * ``remembered hit == fresh hit``: between two asks with no removal reported by a store that
   reports them, keys are only added; then re-asking from the last answer's frontier (contiguous
   probes) gives exactly the fresh lookup's hit.
+* ``unchanged store: the remembered answer stands``: a store that counts every key it adds or
+  drops and reports no change between two asks holds the same keys, so answering from the
+  memo without asking (``Store.change_count``) gives exactly the fresh lookup's hit.
 * ``a remembered hit never serves bytes the store no longer holds``: whatever happened to the
   store between the ask and the load (an unreported eviction, one in the middle of the prefix),
   the load of the remembered hit either finds every key of it and writes each block from its
@@ -66,6 +69,27 @@ def remembered_equals_fresh(ask: ReaskFn = reask) -> LemmaResult:
                   [added_only, can_report], ask(s0, s1, reported) == prefix(s1))
 
 
+AskFn = Callable[[Bools, Bools, z3.BoolRef, z3.BoolRef], z3.ArithRef]
+
+
+def ask_counted(s0: Bools, s1: Bools, reported: z3.BoolRef,
+                unchanged: z3.BoolRef) -> z3.ArithRef:
+    """The connector's second ask over a store that counts its changes: none reported, the
+    first answer is kept and nothing is asked; else :func:`reask`."""
+    return z3.If(unchanged, prefix(s0), reask(s0, s1, reported))
+
+
+def unchanged_answer_stands(ask: AskFn = ask_counted) -> LemmaResult:
+    s0, s1 = _stores("s0_"), _stores("s1_")
+    reported, unchanged = z3.Bools("reported unchanged")
+    same_keys = z3.Implies(unchanged, z3.And(*[a == b for a, b in zip(s0, s1, strict=True)]))
+    no_removal = z3.Implies(z3.Not(reported),
+                            z3.And(*[z3.Implies(a, b) for a, b in zip(s0, s1, strict=True)]))
+    return prove_claim("unchanged store: the remembered answer stands",
+                       [same_keys, no_removal, z3.Implies(unchanged, z3.Not(reported))],
+                       ask(s0, s1, reported, unchanged) == prefix(s1))
+
+
 def remembered_never_serves_gone_bytes(ask: ReaskFn = reask,
                                        ld: LoadFn = load) -> LemmaResult:
     s0, s1, s2 = _stores("s0_"), _stores("s1_"), _stores("s2_")
@@ -82,13 +106,21 @@ def remembered_never_serves_gone_bytes(ask: ReaskFn = reask,
 
 def remembered_lemmas() -> list[LemmaResult]:
     """The remembered-lookup lemmas, in table order."""
-    return [remembered_equals_fresh(), remembered_never_serves_gone_bytes()]
+    return [remembered_equals_fresh(), unchanged_answer_stands(),
+            remembered_never_serves_gone_bytes()]
 
 
 # ---------------------------------------------------------------- seeded mutants
 def reask_ignores_reports(s0: Bools, s1: Bools, reported: z3.BoolRef) -> z3.ArithRef:
     """Seeded bug: the memo is trusted after a reported removal too."""
     return reask(s0, s1, z3.BoolVal(False))
+
+
+def ask_kept_without_removals(s0: Bools, s1: Bools, reported: z3.BoolRef,
+                              unchanged: z3.BoolRef) -> z3.ArithRef:
+    """Seeded bug: the memo is answered without asking whenever no removal was reported
+    (puts since the last ask are missed)."""
+    return z3.If(z3.Not(reported), prefix(s0), reask(s0, s1, reported))
 
 
 def load_per_key(r: z3.ArithRef, s2: Bools) -> tuple[z3.BoolRef, list[z3.BoolRef]]:
@@ -100,5 +132,6 @@ def remembered_mutants() -> dict[str, list[LemmaResult]]:
     """Mutated re-asks and loads, each of which a remembered-lookup lemma must refute."""
     return {
         "memo_ignores_reported_removal": [remembered_equals_fresh(reask_ignores_reports)],
+        "memo_kept_without_removals": [unchanged_answer_stands(ask_kept_without_removals)],
         "load_writes_per_key": [remembered_never_serves_gone_bytes(ld=load_per_key)],
     }

@@ -22,13 +22,34 @@ from tailproof.impl.scheduler_side import SchedulerSide  # noqa: E402
 from tailproof.spec.arithmetic import lcm_all  # noqa: E402
 
 
-class DictStore:
-    """Keys present, with a removal count (None: removals invisible, like Mooncake)."""
+class CountingSet(set):
+    """A set that counts the keys it gained or lost (a store's change count)."""
 
-    def __init__(self, visible: bool = True) -> None:
-        self.keys: set[str] = set()
+    changes = 0
+
+    def add(self, key: str) -> None:
+        self.changes += key not in self
+        super().add(key)
+
+    def update(self, *others: object) -> None:
+        for other in others:
+            for key in other:  # type: ignore[attr-defined]
+                self.add(key)
+
+    def discard(self, key: str) -> None:
+        self.changes += key in self
+        super().discard(key)
+
+
+class DictStore:
+    """Keys present, with a removal count (None: removals invisible, like Mooncake) and, when
+    ``counted``, a change count (every key added or dropped, like the memory store)."""
+
+    def __init__(self, visible: bool = True, counted: bool = False) -> None:
+        self.keys: CountingSet = CountingSet()
         self.removed = 0
         self.visible = visible
+        self.counted = counted
         self.asked = 0
 
     def exists(self, keys: list[str]) -> list[bool]:
@@ -37,6 +58,9 @@ class DictStore:
 
     def removal_count(self) -> int | None:
         return self.removed if self.visible else None
+
+    def change_count(self) -> int | None:
+        return self.keys.changes if self.counted else None
 
     def drop(self, key: str) -> None:
         if key in self.keys:
@@ -56,7 +80,7 @@ def make(groups: tuple[tuple[str, int], ...], h: int, store: DictStore,
                         num_blocks=64)
     coord = build_coordinator(geo, kvc, 1)
     return StoreLookup(geo, coord, store.exists, KeySpace("t", "f", world), world,
-                       store.removal_count)
+                       store.removal_count, store.change_count)
 
 
 GEOMETRIES = [
@@ -69,11 +93,14 @@ GEOMETRIES = [
 
 @pytest.mark.parametrize(("groups", "h"), GEOMETRIES)
 @pytest.mark.parametrize("seed", range(6))
-def test_remembered_equals_fresh_lookup(groups: tuple, h: int, seed: int) -> None:
+@pytest.mark.parametrize("counted", [False, True], ids=["removals", "changes"])
+def test_remembered_equals_fresh_lookup(groups: tuple, h: int, seed: int,
+                                        counted: bool) -> None:
     """Random puts (prefix runs, stray keys) and removals between asks: the remembered answer
-    is the fresh one after every event (the store reports its removals)."""
+    is the fresh one after every event (the store reports its removals; ``changes``: every
+    change too, so an ask after none asks nothing)."""
     rng = random.Random(seed)
-    store = DictStore()
+    store = DictStore(counted=counted)
     memo = make(groups, h, store)
     fresh = make(groups, h, DictStore())
     fresh.exists = store.exists
@@ -100,6 +127,37 @@ def test_remembered_equals_fresh_lookup(groups: tuple, h: int, seed: int) -> Non
                     memo.lookup(num_tokens, hashes, "r")
             continue
         assert memo.lookup(num_tokens, hashes, "r") == want
+        if counted:  # the store is as it was: the memo's answer, nothing asked
+            probed = memo.keys_probed
+            assert memo.lookup(num_tokens, hashes, "r") == want
+            assert memo.keys_probed == probed
+
+
+def test_unchanged_store_is_asked_nothing() -> None:
+    """A store that counts its changes: after the first ask, a waiting request's asks probe no
+    key until something is put; the put key is then found (the fresh answer)."""
+    groups, h = (("full_attention", 16), ("mamba", 64)), 16
+    store = DictStore(counted=True)
+    lk = make(groups, h, store)
+    hashes = [i.to_bytes(4, "big") for i in range(2048)]
+    for u in range(8):  # 128 tokens stored in both groups
+        store.keys.add(lk.keys.key(0, 0, hashes[u]))
+        if (u + 1) * h % 64 == 0:
+            store.keys.add(lk.keys.key(0, 1, hashes[u]))
+    first = lk.lookup(2048 * h, hashes, "r")
+    assert first.hit_length == 128
+    asked = store.asked
+    for _ in range(5):
+        assert lk.lookup(2048 * h, hashes, "r") == first
+    assert store.asked == asked
+    for u in range(8, 12):  # the next Mamba block lands: the hit grows to 192
+        store.keys.add(lk.keys.key(0, 0, hashes[u]))
+    store.keys.add(lk.keys.key(0, 1, hashes[11]))
+    grown = lk.lookup(2048 * h, hashes, "r")
+    assert grown == lk.lookup(2048 * h, hashes) and grown.hit_length == 192
+    asked = store.asked
+    assert lk.lookup(2048 * h, hashes, "r") == grown
+    assert store.asked == asked
 
 
 def test_probes_per_ask_do_not_grow_with_the_prompt() -> None:

@@ -283,7 +283,7 @@ class ConnectorAdapter:
     # --- the scripted store (reference.connector.store.ScriptedStore by default) --------
 
     def put_key(self, key: Any, tag: Tag, req: Any) -> int:
-        self.store.keys[key] = tag
+        self.store.add(key, tag)
         return 1
 
     def remove_key(self, key: Any) -> int:

@@ -86,6 +86,7 @@ class ScriptedStore(Store):
         self.verify = verify  # (key, tag, buffer) -> None, raises nothing, records problems
         self.tags: dict[str, Tag] = {}
         self.removed = 0  # tags dropped here (store_remove, remove): removal_count's share
+        self.retagged = 0  # tags added or dropped here: change_count's share
         self.script: deque[Any] = deque()
         self.log: list[tuple[list[Tag], Any]] = []
         self.context: tuple[str, dict[str, int]] = ("", {})  # writer rid, hash hex -> boundary
@@ -126,7 +127,7 @@ class ScriptedStore(Store):
                 outs[i] = o
                 if o.saved:
                     self.verify(keys[i], tags[i], buffers[i])
-                    self.tags[keys[i]] = tags[i]
+                    self._retag(keys[i], tags[i])
         return outs
 
     def write_batch(self, keys: Sequence[str], sizes: Sequence[int], produce: Any,
@@ -146,8 +147,13 @@ class ScriptedStore(Store):
             for i, o in zip(go, real, strict=True):
                 outs[i] = o
                 if o.saved:
-                    self.tags[keys[i]] = tags[i]
+                    self._retag(keys[i], tags[i])
         return outs
+
+    def _retag(self, key: str, tag: Tag) -> None:
+        """Tag ``key`` (a change when it was not tagged)."""
+        self.retagged += key not in self.tags
+        self.tags[key] = tag
 
     def get_batch(self, keys: Sequence[str], buffers: Sequence[Any]) -> list[Outcome]:
         outs = self.inner.get_batch(list(keys), list(buffers))
@@ -162,11 +168,14 @@ class ScriptedStore(Store):
 
     def remove(self, keys: Sequence[str]) -> int:
         for k in keys:
-            self.removed += self.tags.pop(k, None) is not None
+            gone = self.tags.pop(k, None) is not None
+            self.removed += gone
+            self.retagged += gone
         return self.inner.remove(list(keys))
 
     def remove_all(self) -> int:
         self.removed += len(self.tags)
+        self.retagged += len(self.tags)
         self.tags.clear()
         return self.inner.remove_all()
 
@@ -177,6 +186,12 @@ class ScriptedStore(Store):
         evicted fails its load closed; the corpus's pools never evict)."""
         inner = self.inner.removal_count()
         return self.removed + (inner or 0)
+
+    def change_count(self) -> int | None:
+        """This wrapper's tag changes plus the inner store's; None when the inner store cannot
+        tell (Mooncake): ``exists`` here is "tagged here and held there"."""
+        inner = self.inner.change_count()
+        return None if inner is None else self.retagged + inner
 
     def close(self) -> None:
         self.inner.close()
@@ -252,7 +267,9 @@ class ImplConnector(ConnectorAdapter):
             partial_hits=core_backend.partial_hits,
             use_eagle=bool(config.use_eagle), num_blocks=config.num_blocks,
             window_group_ids=frozenset(i for i, g in enumerate(groups)
-                                       if g.kind == "sliding_window"))
+                                       if g.kind == "sliding_window"),
+            tables_append_only=all(g.kind == "full_attention" for g in groups
+                                   if not g.is_mamba))
         self.coord = build_coordinator(geo, kv_config, 1)
         self.geo = geo = replace(geo, eagle_group_ids=frozenset(self.coord.eagle_group_ids))
         kind = options.get("store") or "memory"
@@ -276,7 +293,8 @@ class ImplConnector(ConnectorAdapter):
         self.store = ScriptedStore(inner, _WeakVerify(self), n)
         self.keys = KeySpace(ns, geometry_fingerprint(geo).digest, n)
         self.lookup_client = StoreLookup(geo, self.coord, self.store.exists, self.keys, n,
-                                         self.store.removal_count)
+                                         self.store.removal_count,
+                                         self.store.change_count)
         self.sched = SchedulerSide(self.settings, geo, self.lookup_client, n)
         self.sched.bind_gpu_block_pool(core_backend.block_pool)
         split = core_backend.split_scheduler
@@ -504,6 +522,7 @@ class ImplConnector(ConnectorAdapter):
         real store may keep its bytes, which it then answers as absent."""
         gone = self.store.tags.pop(key, None) is not None
         self.store.removed += gone
+        self.store.retagged += gone
         return int(gone)
 
     def put_key(self, key: str, tag: Tag, req: Any) -> int:
@@ -516,7 +535,7 @@ class ImplConnector(ConnectorAdapter):
         self.workers[rank].codec.seal(key, slot)
         if not self.store.inner.put(key, slot).saved:
             return 0
-        self.store.tags[key] = tag
+        self.store._retag(key, tag)
         return 1
 
     def _check_size(self, group: int, value: torch.Tensor) -> None:

@@ -143,7 +143,7 @@ class ReferenceConnector(ConnectorAdapter):
         def lookup() -> Any:
             res, self.memos[rid] = remembered_lookup(
                 self.geo, req.num_tokens, req.block_hashes, self._present, self.store.removals,
-                self.memos.get(rid))
+                self.memos.get(rid), self.store.changes)
             return res
 
         inflight = self.sched.inflight

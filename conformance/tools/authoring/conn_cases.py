@@ -443,6 +443,30 @@ def hit_evicted_before_load() -> Case:
     return c
 
 
+def put_between_asks() -> Case:
+    c = case("conn_put_between_asks",
+             "Remembered lookups over a store that counts its changes (docs/connector-ops.md): "
+             "C waits with the store holding FA@16 only (no Mamba state: a miss); asked again "
+             "with nothing put, C misses again (impl asks the store nothing); FA@32 and the "
+             "Mamba state at 32 are then put, so the next ask finds them (hit 32); an ask with "
+             "nothing put since answers 32 again; a stray key of another request is put and C "
+             "is asked again (a change: re-asked, still 32).", config(G16, 4))
+    c.add("C", [rng(0, 48)])
+    c.add("B", [rng(200, 248)])
+    c.op("store_seed", rid="C", keys=[[0, 16]])
+    for _ in range(2):
+        c.op("new_step")
+        c.op("sched_lookup", rid="C")
+    c.op("store_seed", rid="C", keys=[[0, 32], [1, 32]])
+    for _ in range(2):
+        c.op("new_step")
+        c.op("sched_lookup", rid="C")
+    c.op("store_seed", rid="B", keys=[[0, 16]])
+    c.op("new_step")
+    c.op("sched_lookup", rid="C")
+    return c
+
+
 def sub_block_prompt_lookup() -> Case:
     c = case("conn_sub_block_prompt_lookup",
              "E4/S15/W5: with partial hits a 12-token prompt (shorter than one 16-token block) is "
@@ -791,7 +815,8 @@ ALL: list[Callable[[], Case]] = [
     two_workers_release_last, finish_handoff_pinned_before_cleanup,
     finish_past_boundary_no_handoff, resumed_prefill_claims_past_prompt, decode_boundary_dropped,
     remote_vs_local_tail, full_external_hit_rederived, full_external_hit_coarse,
-    lookup_clipped_by_missing_group, hit_evicted_before_load, sub_block_prompt_lookup,
+    lookup_clipped_by_missing_group, hit_evicted_before_load, put_between_asks,
+    sub_block_prompt_lookup,
     eagle_tail_puts_proof_margin,
     pins_block_reset, tracker_save_boundaries, consumer_claims_nothing,
     aligned_prompt_two_handoffs, multi_mamba_groups, cow_target_not_reused,

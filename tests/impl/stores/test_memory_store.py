@@ -86,3 +86,25 @@ def test_reused_arrays_stay_within_capacity_and_hold_new_bytes() -> None:
             np.testing.assert_array_equal(buf, v)
         s.remove_all()
         assert s.used_bytes == 0 and s.reserved_bytes <= s.capacity_bytes
+
+
+def test_change_count_moves_with_every_key_added_or_dropped() -> None:
+    """``change_count`` (what lets a remembered lookup ask nothing): a new key, an eviction and
+    a removal each move it; a write-once duplicate, a read and an ``exists`` do not; scripted
+    ``exists`` answers (or a closed store) make it unknown."""
+    s = MemoryStore(2000)
+    c0 = s.change_count()
+    assert c0 == 0
+    assert s.put("a", pattern(0, 1000)).ok and s.change_count() == 1
+    assert s.put("a", pattern(0, 1000)).status is Status.EXISTS and s.change_count() == 1
+    s.exists(["a", "b"])
+    assert s.get("a", np.zeros(1000, np.uint8)).ok and s.change_count() == 1
+    assert s.put("b", pattern(1, 1000)).ok and s.change_count() == 2
+    assert s.put("c", pattern(2, 1000)).ok and s.change_count() == 4  # c added, a evicted
+    assert s.remove(["b", "zz"]) == 1 and s.change_count() == 5
+    s.faults.script("exists", [Outcome(Status.OK)])
+    assert s.change_count() is None
+    s.exists(["zz"])  # the scripted answer is used up
+    assert s.change_count() == 5
+    s.close()
+    assert s.change_count() is None
