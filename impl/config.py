@@ -336,6 +336,11 @@ class StoreGeometry:
     # Store groups of sliding-window attention (``SlidingWindowSpec``): no fine-grained hash
     # lookup, so their EAGLE proof margin is a whole block.
     window_group_ids: frozenset[int] = frozenset()
+    # Every non-Mamba store group is plain full attention (``FullAttentionSpec`` /
+    # ``MLAAttentionSpec``): its block table only grows while a request runs (no sliding
+    # window or chunked-local frees), so the connector's append-only mirror of it is the
+    # core's current table (False: store jobs read the core's tables each step).
+    tables_append_only: bool = False
 
     @property
     def alignment(self) -> int:
@@ -441,6 +446,9 @@ def geometry_from_vllm(vllm_config: Any, kv_cache_config: Any) -> StoreGeometry:
         num_blocks=kv_cache_config.num_blocks,
         window_group_ids=frozenset(i for i, g in enumerate(groups)
                                    if isinstance(g.kv_cache_spec, SlidingWindowSpec)),
+        tables_append_only=all(
+            type(g.kv_cache_spec).__name__ in ("FullAttentionSpec", "MLAAttentionSpec")
+            for g in groups if not isinstance(g.kv_cache_spec, MambaSpec)),
     )
     problems += check_geometry(geo)
     if problems:

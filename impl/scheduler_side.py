@@ -60,7 +60,7 @@ from tailproof.impl.meta import (
 )
 from tailproof.impl.metrics import SchedulerMetrics
 from tailproof.impl.turn_end import TurnEndCheckpoints
-from tailproof.spec.arithmetic import NULL_BLOCK_ID, partial_tail_puts
+from tailproof.spec.arithmetic import NULL_BLOCK_ID, checkpoint_position, partial_tail_puts
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +125,7 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
         self.key_epoch = lookup.key_epoch if isinstance(lookup, StoreLookup) else KeyEpoch()
         self.next_store_job_id = 0
         self.held: dict[int, tuple[list[int], int]] = {}  # job -> (block ids, ranks left)
+        self._held_blocks: dict[int, list[Any]] = {}  # job -> its pinned pool blocks, in order
         # ``readable_pins``: pinned normal-save job -> [its tracker, the tracker's life, the
         # lowest saved offset the ranks reported so far (None: none yet)].
         self._save_jobs: dict[int, list[Any]] = {}
@@ -145,6 +146,12 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
         # reported preempted in that meta was preempted before this schedule() (rule below).
         self.admitted: set[str] = set()
         self._eagle_margins = tuple(geo.eagle_proof_margin(g) for g in range(geo.num_groups))
+        self._checkpoints: dict[int, int] = {}  # prompt length -> ck(P) (partial_tail_puts)
+        # read on every lookup (settings and geometry are fixed for the connector's life)
+        self._lookups, self._alignment = settings.enable_lookup, geo.alignment
+        self._lcm = geo.scheduler_block_size
+        self._consumer = settings.is_consumer
+        self._reuse_configured = settings.reuse_extension
         self._init_turn_end(settings, geo)  # EXTENSION (turn_end.py)
         self._init_junctions(settings)  # EXTENSION (junctions.py)
 
@@ -166,15 +173,16 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
         return need, is_async
 
     def _matched(self, request: Any, num_computed: int) -> tuple[int | None, bool]:
-        if not self.settings.enable_lookup or self.lookup_client is None:
-            return 0, False
-        if request.num_tokens < self.geo.alignment or request.request_id in self.load_failed:
-            return 0, False
         client = self.lookup_client
+        if not self._lookups or client is None:
+            return 0, False
+        rid = request.request_id
+        if request.num_tokens < self._alignment or rid in self.load_failed:
+            return 0, False
+        remembering = isinstance(client, StoreLookup)
         try:
-            if isinstance(client, StoreLookup):  # remembered between asks (lookup.py)
-                res = client.lookup(request.num_tokens, request.block_hashes,
-                                    request.request_id)
+            if remembering:  # remembered between asks (lookup.py)
+                res = client.lookup(request.num_tokens, request.block_hashes, rid)
             else:
                 res = client.lookup(request.num_tokens, request.block_hashes)
         except Exception:  # a store problem must never take the scheduler down: no hit
@@ -185,16 +193,16 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
         if self._inflight and self._awaits_inflight(request, max(res.hit_length, num_computed)):
             self.metrics.c.inc("lookups_deferred")
             return None, False  # vLLM asks again next step (``Scheduler.schedule``: skipped)
-        self.metrics.record_lookup(request.num_tokens, res.hit_length,
-                                   self.geo.scheduler_block_size)
-        need = res.hit_length - num_computed
+        hit = res.hit_length
+        self.metrics.record_lookup(request.num_tokens, hit, self._lcm)
+        need = hit - num_computed
         if need <= 0:
             return 0, False
-        self.load_specs[request.request_id] = LoadSpec(
-            vllm_cached_tokens=num_computed, kvpool_cached_tokens=res.hit_length,
+        self.load_specs[rid] = LoadSpec(
+            vllm_cached_tokens=num_computed, kvpool_cached_tokens=hit,
             tail_key_boundaries=res.tail_key_boundaries)
-        if isinstance(client, StoreLookup) and client.remembered(request.request_id):
-            self.remembered_loads.add(request.request_id)
+        if remembering and client.remembered(rid):
+            self.remembered_loads.add(rid)
             self.metrics.c.inc("lookups_remembered")
         return need, self.settings.load_async
 
@@ -224,7 +232,7 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
 
     def build_connector_meta(self, so: Any) -> TailproofMeta:
         """Turn one ``SchedulerOutput`` into the workers' loads and pinned store jobs."""
-        consumer = self.settings.is_consumer
+        consumer = self._consumer
         self._earlier_pins = self.metrics.pinned_blocks  # the pin budget's backlog
         memo = self.lookup_client if isinstance(self.lookup_client, StoreLookup) else None
         for rid in sorted(so.finished_req_ids):
@@ -254,13 +262,12 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
         self.admitted.clear()
         meta = TailproofMeta(preempted_req_ids=preempted,
                              finished_req_ids=set(so.finished_req_ids))
-        extension = self.settings.reuse_extension and not consumer and not self.reuse_disabled
+        extension = self._reuse_configured and not consumer and not self.reuse_disabled
         if extension:
             self._check_step_supported(so)
             extension = not self.reuse_disabled
             self._step_end = self._step_ends(so) if extension else {}
         pending: list[StoreJob] = []
-        scheduled_new = {r.req_id for r in so.scheduled_new_reqs}
         for nr in so.scheduled_new_reqs:
             self._new_request(nr, so, pending, not consumer, meta)
         cached = so.scheduled_cached_reqs
@@ -274,36 +281,49 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
                     continue  # decode step: nothing to save (the common case, kept cheap)
                 self._cached_request(cached, i, rid, so, pending, meta)
         if self.load_specs:  # asynchronous loads of requests not scheduled this step
-            self._async_loads(scheduled_new.union(cached.req_ids), meta)
+            scheduled = {r.req_id for r in so.scheduled_new_reqs}
+            self._async_loads(scheduled.union(cached.req_ids), meta)
         state = getattr(so, "kv_connector_block_state", None)
         if not consumer and state is not None and state.boundary_state_offloads:
             self._handle_boundary_state_offloads(state.boundary_state_offloads, pending)
-        if pending:
+        if pending and not self.geo.tables_append_only:
+            # MooncakeStoreScheduler._apply_current_save_block_ids: a window or Mamba group's
+            # mirror is stale, so the jobs read the core's current tables (fresh lists). With
+            # only full-attention groups besides Mamba, the mirror is the current table of
+            # every group a job reads (Mamba states come from hand-offs), and copying the whole
+            # table each step would make a long prefill quadratic.
             if state is None:
                 raise AssertionError("store jobs need SchedulerOutput.kv_connector_block_state")
+            core = self.geo.core_group_ids
             for s in pending:
                 table = state.get_block_ids(s.req_id)
                 if table is None:
                     raise AssertionError(f"no current block table for store request {s.req_id}")
-                s.block_ids = tuple([list(table[g]) for g in self.geo.core_group_ids])
+                s.block_ids = tuple([table[g] for g in core])
         # Finish-time jobs were stamped when their KV was taken (_stamp); the rest now.
-        late = {id(j) for j in (*self.finished_partial_tails.values(),
-                                *self.finished_turn_ends.values())}
-        pending.extend(self.finished_partial_tails.values())
-        self.finished_partial_tails.clear()
-        pending.extend(self.finished_turn_ends.values())
-        self.finished_turn_ends.clear()
+        late: set[int] = set()
+        if self.finished_partial_tails or self.finished_turn_ends:
+            late = {id(j) for j in (*self.finished_partial_tails.values(),
+                                    *self.finished_turn_ends.values())}
+            pending.extend(self.finished_partial_tails.values())
+            self.finished_partial_tails.clear()
+            pending.extend(self.finished_turn_ends.values())
+            self.finished_turn_ends.clear()
+        stores = meta.stores
         for s in pending:
             if self._pin(s):
-                meta.stores.append(s)
+                stores.append(s)
         if extension and self.settings.turn_end_checkpoints and state is not None:
             self._take_snapshots(so, state, meta)
         if extension and self.junction_targets and state is not None:
             self._junction_jobs(state, meta)
-        for job in (*meta.loads, *meta.stores):
-            if id(job) not in late:
-                job.epoch = self.epoch
-        self._step_end = {}
+        epoch = self.key_epoch.value
+        for jobs in (meta.loads, stores):
+            for job in jobs:
+                if id(job) not in late:
+                    job.epoch = epoch
+        if self._step_end:
+            self._step_end = {}
         return meta
 
     def _async_loads(self, scheduled: set[str], meta: TailproofMeta) -> None:
@@ -361,13 +381,14 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
             if decode and not self.settings.save_decode_cache:
                 return  # decode: KV past the prefill is not saved (the common, cheap path)
         new_ids = cached.new_block_ids[i]
-        if new_ids:
-            new_ids = tuple([list(new_ids[g]) for g in self.geo.core_group_ids])
+        if new_ids:  # the core's lists, per core group (copied where they are kept)
+            new_ids = tuple([new_ids[g] for g in self.geo.core_group_ids])
         ent = self.unfinished_requests.get(rid)
         req = ent[0] if ent is not None else None
         if resumed:
             if not new_ids or req is None:
                 return
+            new_ids = tuple([list(g) for g in new_ids])  # the resumed request's new mirror
             spec = self.load_specs.pop(rid, None)
             t = RequestTracker(
                 req_id=rid,
@@ -379,7 +400,7 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
             loading = spec is not None and spec.can_load
             if loading:
                 self._sync_load(meta, rid, req, new_ids, spec)
-            self._maybe_save(t, req, pending, skip=loading or self.settings.is_consumer)
+            self._maybe_save(t, req, pending, skip=loading or self._consumer)
             return
         if req is None:
             raise ValueError(f"request {rid} is not tracked by the connector")
@@ -389,7 +410,7 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
         if new_ids:
             for mirror, extra in zip(t.allocated_block_ids, new_ids, strict=True):
                 mirror.extend(extra)
-        if self.settings.is_consumer and not decode:
+        if self._consumer and not decode:
             return  # a consumer saves decode KV only
         self._maybe_save(t, req, pending, skip=False)
 
@@ -464,8 +485,11 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
         if not s.publish_partial_tail and not s.boundary_puts:
             return []  # a plain normal save (the common case)
         geo = self.geo
+        mamba, sizes = geo.is_mamba, geo.block_sizes
         mamba_tails = [p.num_tokens for p in s.boundary_puts
-                       if geo.is_mamba[p.group_id] and p.num_tokens % geo.block_sizes[p.group_id]]
+                       if mamba[p.group_id] and p.num_tokens % sizes[p.group_id]]
+        if not s.publish_partial_tail and self._checkpoint(s.num_prompt_tokens) not in mamba_tails:
+            return []  # the spec's own early exit, with ck(P) remembered: a junction hand-off
         puts = partial_tail_puts(
             num_prompt_tokens=s.num_prompt_tokens, completed_token_len=s.completed_token_len,
             num_hashes=len(s.block_hashes), publish_partial_tail=s.publish_partial_tail,
@@ -474,6 +498,16 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
             eagle_margins=self._eagle_margins, hash_block_size=geo.hash_block_size,
             scheduler_block_size=geo.scheduler_block_size, use_eagle=geo.use_eagle)
         return [BoundaryPut(*p) for p in puts]
+
+    def _checkpoint(self, num_prompt_tokens: int) -> int:
+        """ck(P) (``spec.arithmetic.checkpoint_position``), remembered per prompt length."""
+        ck = self._checkpoints.get(num_prompt_tokens)
+        if ck is None:
+            if len(self._checkpoints) > 4096:
+                self._checkpoints.clear()
+            ck = self._checkpoints[num_prompt_tokens] = int(checkpoint_position(
+                num_prompt_tokens, self.geo.hash_block_size, self.geo.use_eagle))
+        return ck
 
     def _pin(self, s: StoreJob) -> bool:
         """Assign a job id and take one GPU reference per distinct block the job may read;
@@ -484,15 +518,20 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
             s.boundary_puts = [*self._decode_boundary_puts(s), *s.boundary_puts]
         if tail := self.partial_tail_puts(s):
             s.boundary_puts = [*tail, *s.boundary_puts]
-        ids = dict.fromkeys([p.block_id for p in s.boundary_puts])
+        ids = [p.block_id for p in s.boundary_puts]
         if NULL_BLOCK_ID in ids:
             raise AssertionError("a null block can never back a boundary put")
         t = None
         if s.token_len_chunk:
             t = self.request_trackers.get(s.req_id) if self._readable else None
-            ids.update(self._save_pins(s, t))
-            ids.pop(NULL_BLOCK_ID, None)  # null table entries are never read
-        job = self._pins_within_budget(list(ids))
+            ids += self._save_pins(s, t)
+            # an aligned boundary block may be in the table too: one reference per block
+            distinct = dict.fromkeys(ids)
+            distinct.pop(NULL_BLOCK_ID, None)  # null table entries are never read
+            ids = list(distinct)
+        elif len(ids) > 1:
+            ids = list(dict.fromkeys(ids))
+        job = self._pins_within_budget(ids)
         if job is None:
             return False
         s.store_job_id = job
@@ -502,7 +541,7 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
             self._register_inflight(s)
         return True
 
-    def _save_pins(self, s: StoreJob, t: RequestTracker | None) -> dict[int, None]:
+    def _save_pins(self, s: StoreJob, t: RequestTracker | None) -> list[int]:
         """The non-Mamba blocks the normal save of ``s`` may read. vLLM 0.33
         (``_reference_save_blocks``) pins every one of the table: a rank resumes from its own
         saved offset, which lags after a failed or skipped put. With ``readable_pins`` (t
@@ -512,16 +551,15 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
         so it resumes at or above ``floor``; the worker reads nothing below ``pin_floor``."""
         mamba, sizes = self.geo.is_mamba, self.geo.block_sizes
         if t is None:
-            return {b: None for g, table in enumerate(s.block_ids) if not mamba[g]
-                    for b in table}
+            return [b for g, table in enumerate(s.block_ids) if not mamba[g] for b in table]
         floor = min(s.token_ids_start, t.confirmed[1])
         s.pin_floor = floor
         end = s.token_len_chunk
-        out: dict[int, None] = {}
+        out: list[int] = []
         for g, table in enumerate(s.block_ids):
             if not mamba[g]:
                 bs = sizes[g]
-                out.update(dict.fromkeys(table[floor // bs: -(-end // bs)]))
+                out += table[floor // bs: -(-end // bs)]
         return out
 
     def _pins_within_budget(self, ids: list[int]) -> int | None:
@@ -548,7 +586,8 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
                 raise AssertionError("GPU block pool must be bound before a store job")
             self.held[job] = (ids, self.num_workers)
             blocks = self.pool.blocks
-            self.pool.touch([blocks[b] for b in ids])
+            self._held_blocks[job] = pinned = [blocks[b] for b in ids]
+            self.pool.touch(pinned)
             self.metrics.pinned_blocks += len(ids)
         self.metrics.jobs_emitted += 1
         return job
@@ -635,8 +674,7 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
                     t.confirmed = (job, off)
             if self._job_keys:
                 self._release_inflight(job)
-            blocks = self.pool.blocks
-            self.pool.free_blocks([blocks[b] for b in reversed(ids)])
+            self.pool.free_blocks(self._held_blocks.pop(job)[::-1])
             self.metrics.pinned_blocks -= len(ids)
 
     def has_pending_push_work(self) -> bool:
