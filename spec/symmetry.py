@@ -119,11 +119,20 @@ def fingerprint(s: State, reduce: bool = True) -> tuple:
 
 
 def canonical(s: State, reduce: bool = True) -> tuple[tuple, list[int], tuple[int, ...]]:
+    """:func:`fingerprint`, with the renaming that produced it (:func:`canonical_jobs`)."""
+    return canonical_jobs(s, reduce)[:3]
+
+
+def canonical_jobs(s: State, reduce: bool = True
+                   ) -> tuple[tuple, list[int], tuple[int, ...], list[tuple]]:
     """:func:`fingerprint`, with the renaming that produced it: ``lab[b]`` (block ``b``'s
     canonical id) and ``ren[m]`` (a rank-set bitmask's canonical image). Two states with one
     fingerprint are mapped onto each other by ``lab``/``ren`` of the one, then the inverse of the
     other's, so a block or rank named through them means the same at both
     (:mod:`spec.proofs.sleep` names actions that way).
+
+    The fourth value is every job, blocks relabelled and rank sets as bitmasks, in ``s.jobs``
+    order (the sleep sets name worker actions by it).
 
     Built with C-level ``map`` over the relabelling (the bounded search computes one per
     transition, most of its time); the value is the same tuple as a field-by-field loop."""
@@ -159,7 +168,7 @@ def canonical(s: State, reduce: bool = True) -> tuple[tuple, list[int], tuple[in
         tuple([(g, lg(a), lg(b)) for g, a, b in s.copies]),
         tuple([(rid, lg(a), lg(b), m) for rid, a, b, m in s.snapshots]), s.violations,
         s.extra_fingerprint(lab),
-    ), lab, ren
+    ), lab, ren, jobs
 
 
 @cache
@@ -192,8 +201,7 @@ def _ranks_canonical(s: State, jm: list[tuple], reduce: bool
     else:
         store = [()] * w
     if not reduce or w == 1 or not (s.store or any(j[5] for j in jm)):
-        jm.sort()
-        return (tuple(jm), tuple(store)), renamings[0]
+        return (tuple(sorted(jm)), tuple(store)), renamings[0]
     best: tuple | None = None
     best_ren = renamings[0]
     for ren in renamings:

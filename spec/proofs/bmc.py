@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from ..invariants import TRANSIENT, check
 from ..model import Config, State
-from ..symmetry import canonical, rank_automorphisms, rename_ranks
+from ..symmetry import canonical_jobs, rank_automorphisms, rename_ranks
 from .sleep import names as action_names
 from .sleep import passed_on
 
@@ -112,12 +112,11 @@ def _search(cfg: Config, depth: int, max_states: int, deadline_s: float | None,
             model: type[State], symmetry: bool, sleepy: bool) -> BmcResult:
     t0 = time.monotonic()
     s0 = model(cfg)
-    f0, lab0, ren0 = canonical(s0, symmetry)
+    f0, lab0, ren0, jobs0 = canonical_jobs(s0, symmetry)
     parent: dict[tuple, tuple[tuple, tuple] | None] = {f0: None}
     none: frozenset[tuple] = frozenset()
-    # (state, fingerprint, names of the actions asleep there, its renaming)
-    frontier: list[tuple[State, tuple, frozenset, list[int], tuple[int, ...]]] = [
-        (s0, f0, none, lab0, ren0)]
+    # (state, fingerprint, names of the actions asleep there, its renaming, its jobs renamed)
+    frontier: list[_Entry] = [(s0, f0, none, lab0, ren0, jobs0)]
     bad = check(s0)
     if bad:
         return BmcResult(False, 0, 1, False, time.monotonic() - t0, bad[0], [])
@@ -125,15 +124,16 @@ def _search(cfg: Config, depth: int, max_states: int, deadline_s: float | None,
     cov: Counter[str] = Counter()
     while frontier and d < depth:
         d += 1
-        nxt: list[tuple[State, tuple, frozenset, list[int], tuple[int, ...]]] = []
+        nxt: list[_Entry] = []
         layer: dict[tuple, int] = {}  # states new in this layer -> index in nxt
-        for s, fp, names, lab, ren in frontier:
+        for s, fp, names, lab, ren, jobs in frontier:
             acts = s.enabled()
             asleep = []
             if names:
-                asleep = [a for a, n in zip(acts, action_names(s, acts, lab, ren), strict=True)
-                          if n in names]
+                asleep = [a for a, n in zip(acts, action_names(s, acts, lab, ren, jobs),
+                                            strict=True) if n in names]
             before: list[tuple] = []  # the actions enumerated at s so far
+            kinds: dict[tuple, str] = {}  # the sleep sets' class of each worker action at s
             autos = rank_automorphisms(s) if symmetry else []
             done: set[tuple] = set()  # actions taken at s (for the rank automorphisms)
             prev: State = s
@@ -156,7 +156,7 @@ def _search(cfg: Config, depth: int, max_states: int, deadline_s: float | None,
                                          bad[0], _path(parent, fp) + [act])
                     continue
                 prev = t
-                tf, tlab, tren = canonical(t, symmetry)
+                tf, tlab, tren, tjobs = canonical_jobs(t, symmetry)
                 seen = tf in parent
                 # A state merged with one already checked differs from it only by a renaming
                 # and in the fields the fingerprint leaves out: re-check just those.
@@ -168,16 +168,16 @@ def _search(cfg: Config, depth: int, max_states: int, deadline_s: float | None,
                 if not seen:
                     parent[tf] = (fp, act)
                     layer[tf] = len(nxt)
-                    z = _asleep_after(s, act, asleep, before[:-1], t, tlab, tren) \
+                    z = _asleep_after(s, act, asleep, before, t, tlab, tren, tjobs, kinds) \
                         if sleepy else none
-                    nxt.append((t, tf, z, tlab, tren))
+                    nxt.append((t, tf, z, tlab, tren, tjobs))
                     cov.update(_events(s, act, t))
                 elif tf in layer:  # another edge into a state new in this layer
                     i = layer[tf]
-                    u, uf, uz, ulab, uren = nxt[i]
+                    u, uf, uz, ulab, uren, ujobs = nxt[i]
                     if uz:
-                        z = _asleep_after(s, act, asleep, before[:-1], t, tlab, tren)
-                        nxt[i] = (u, uf, uz & z, ulab, uren)
+                        z = _asleep_after(s, act, asleep, before, t, tlab, tren, tjobs, kinds)
+                        nxt[i] = (u, uf, uz & z, ulab, uren, ujobs)
             if len(parent) > max_states or (deadline_s and time.monotonic() - t0 > deadline_s):
                 return BmcResult(True, d - 1, len(parent), False, time.monotonic() - t0,
                                  coverage=dict(cov))
@@ -186,13 +186,20 @@ def _search(cfg: Config, depth: int, max_states: int, deadline_s: float | None,
                      coverage=dict(cov))
 
 
+#: a frontier entry: (state, fingerprint, names asleep there, its renaming ``lab``/``ren``, its
+#: jobs relabelled, as :func:`spec.symmetry.canonical_jobs` gives them)
+_Entry = tuple[State, tuple, frozenset, list[int], tuple[int, ...], list[tuple]]
+
+
 def _asleep_after(s: State, act: tuple, asleep: list[tuple], before: list[tuple], t: State,
-                  lab: list[int], ren: tuple[int, ...]) -> frozenset:
-    """The names, at ``t = s.act``, of the actions this edge puts to sleep there."""
-    z = passed_on(s, act, asleep, before)
+                  lab: list[int], ren: tuple[int, ...], jobs: list[tuple],
+                  kinds: dict[tuple, str]) -> frozenset:
+    """The names, at ``t = s.act``, of the actions this edge puts to sleep there (``before``:
+    the actions enumerated at ``s`` up to ``act``, which is its last)."""
+    z = passed_on(s, act, asleep, before[:-1], kinds)
     if not z:
         return frozenset()
-    out = set(action_names(t, z, lab, ren))
+    out = set(action_names(t, z, lab, ren, jobs))
     out.discard(None)
     return frozenset(out)
 
