@@ -122,8 +122,13 @@ def _search(cfg: Config, depth: int, max_states: int, deadline_s: float | None,
         return BmcResult(False, 0, 1, False, time.monotonic() - t0, bad[0], [])
     d = 0
     cov: Counter[str] = Counter()
+    grew = False  # the last layer has a new state (it is not kept: see ``last``)
     while frontier and d < depth:
         d += 1
+        # the states new in the last layer are checked but never expanded: they are not kept
+        # (most of the memory), nor are their sleep sets computed; ``grew`` says the frontier
+        # would not have emptied
+        last = d == depth
         nxt: list[_Entry] = []
         layer: dict[tuple, int] = {}  # states new in this layer -> index in nxt
         for s, fp, names, lab, ren, jobs in frontier:
@@ -167,11 +172,14 @@ def _search(cfg: Config, depth: int, max_states: int, deadline_s: float | None,
                                      bad[0], _path(parent, fp) + [act])
                 if not seen:
                     parent[tf] = (fp, act)
+                    cov.update(_events(s, act, t))
+                    if last:  # checked and counted; never expanded, so not kept
+                        grew = True
+                        continue
                     layer[tf] = len(nxt)
                     z = _asleep_after(s, act, asleep, before, t, tlab, tren, tjobs, kinds) \
                         if sleepy else none
                     nxt.append((t, tf, z, tlab, tren, tjobs))
-                    cov.update(_events(s, act, t))
                 elif tf in layer:  # another edge into a state new in this layer
                     i = layer[tf]
                     u, uf, uz, ulab, uren, ujobs = nxt[i]
@@ -182,7 +190,7 @@ def _search(cfg: Config, depth: int, max_states: int, deadline_s: float | None,
                 return BmcResult(True, d - 1, len(parent), False, time.monotonic() - t0,
                                  coverage=dict(cov))
         frontier = nxt
-    return BmcResult(True, d, len(parent), not frontier, time.monotonic() - t0,
+    return BmcResult(True, d, len(parent), not (frontier or grew), time.monotonic() - t0,
                      coverage=dict(cov))
 
 
