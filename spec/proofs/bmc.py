@@ -122,6 +122,9 @@ def _search(cfg: Config, depth: int, max_states: int, deadline_s: float | None,
         return BmcResult(False, 0, 1, False, time.monotonic() - t0, bad[0], [])
     d = 0
     cov: Counter[str] = Counter()
+    # one copy of each distinct fingerprint part (most states share their tables, keys, refs
+    # with many others): the kept fingerprints are most of a search's memory
+    share = {}.setdefault
     grew = False  # the last layer has a new state (it is not kept: see ``last``)
     while frontier and d < depth:
         d += 1
@@ -171,6 +174,7 @@ def _search(cfg: Config, depth: int, max_states: int, deadline_s: float | None,
                     return BmcResult(False, d, len(parent), False, time.monotonic() - t0,
                                      bad[0], _path(parent, fp) + [act])
                 if not seen:
+                    tf = tuple(map(share, tf, tf))  # its parts: one copy of each equal one
                     parent[tf] = (fp, act)
                     cov.update(_events(s, act, t))
                     if last:  # checked and counted; never expanded, so not kept
