@@ -160,15 +160,21 @@ def canonical_jobs(s: State, reduce: bool = True
     return (
         ref, tuple(map(lg, s.fq)),
         frozenset([(k, lg(b)) for k, b in s.keys.items()]), content, reqs,
-        tuple([(g, lg(a), lg(b)) for g, a, b in s.pending_copies]),
-        tuple([(ex - f, tuple(map(lg, ids)), k) for f, ids, k in s.retained]),
-        tuple([(rid, g, lg(b), m) for rid, g, b, m in s.offloads]),
+        tuple([(g, lg(a), lg(b)) for g, a, b in s.pending_copies]) if s.pending_copies else (),
+        tuple([(ex - f, tuple(map(lg, ids)), k) for f, ids, k in s.retained])
+        if s.retained else (),
+        tuple([(rid, g, lg(b), m) for rid, g, b, m in s.offloads]) if s.offloads else (),
         ranks, s.pressure, s.skip, s.phase, s.step - ex,
-        frozenset(s.this_step), frozenset(s.fresh), frozenset(s.scheduled.items()),
-        tuple([(g, lg(a), lg(b)) for g, a, b in s.copies]),
-        tuple([(rid, lg(a), lg(b), m) for rid, a, b, m in s.snapshots]), s.violations,
-        s.extra_fingerprint(lab),
+        frozenset(s.this_step) if s.this_step else _EMPTY,
+        frozenset(s.fresh) if s.fresh else _EMPTY,
+        frozenset(s.scheduled.items()) if s.scheduled else _EMPTY,
+        tuple([(g, lg(a), lg(b)) for g, a, b in s.copies]) if s.copies else (),
+        tuple([(rid, lg(a), lg(b), m) for rid, a, b, m in s.snapshots]) if s.snapshots else (),
+        s.violations, s.extra_fingerprint(lab),
     ), lab, ren, jobs
+
+
+_EMPTY: frozenset = frozenset()
 
 
 @cache
@@ -202,6 +208,12 @@ def _ranks_canonical(s: State, jm: list[tuple], reduce: bool
         store = [()] * w
     if not reduce or w == 1 or not (s.store or any(j[5] for j in jm)):
         return (tuple(sorted(jm)), tuple(store)), renamings[0]
+    if w == 2:  # the identity or the swap (the general loop below, unrolled)
+        swap = renamings[1]
+        ident = (tuple(sorted(jm)), tuple(store))
+        swapped = (tuple(sorted([(*j[:5], swap[j[5]], swap[j[6]], j[7]) for j in jm])),
+                   (store[1], store[0]))
+        return (swapped, swap) if swapped < ident else (ident, renamings[0])
     best: tuple | None = None
     best_ren = renamings[0]
     for ren in renamings:
