@@ -174,6 +174,46 @@ def canonical_jobs(s: State, reduce: bool = True
     ), lab, ren, jobs
 
 
+def canonical_after_worker_step(s: State, fp: tuple, lab: list[int], jobs: list[tuple],
+                                t: State, act: tuple, reduce: bool = True
+                                ) -> tuple[tuple, list[int], tuple[int, ...], list[tuple]] | None:
+    """:func:`canonical_jobs` of ``t = s.apply(act)`` on the unmodified
+    :class:`spec.model.State`, for ``act`` a ``run_job`` or a ``report`` that is not the job's
+    last, from ``s``'s (``fp``, ``lab``, ``jobs``); None for any other action, or where ``t``'s
+    walk labels the blocks differently (then compute it in full).
+
+    Why it is the same value: ``do_run_job`` writes only job ``j``'s ``ran`` (a reassignment:
+    ``t.jobs`` keeps ``s.jobs``'s order), the store, ``pressure`` and ``skip``; a report that
+    is not the last writes only the job's ``reported`` (nothing unpins, the job stays);
+    ``clone`` drops ``last_hit``/``last_reset``, which the hash leaves out. With the same block
+    labels, every other part of the hash is ``s``'s part, so only the rank part (jobs and store
+    under the rank renaming), ``pressure`` and ``skip`` are rebuilt
+    (``tests/spec/test_symmetry.py`` compares it with the full hash on every worker step of
+    bounded searches). A mutant overrides rules, so the search uses this on the unmodified
+    model only."""
+    if act[0] == "run_job":
+        at = 5
+    elif act[0] == "report" and len(s.jobs[act[1]].reported) + 1 < s.cfg.workers:
+        at = 6
+    else:
+        return None
+    if reduce:
+        order = _walk_order(t)
+        tlab = sorted(range(len(order)), key=order.__getitem__)
+        if tlab != lab:
+            return None
+    else:
+        tlab = lab
+    jid, tjobs = act[1], list(jobs)
+    for i, k in enumerate(t.jobs):
+        if k == jid:
+            j = t.jobs[jid]
+            tjobs[i] = (*jobs[i][:at], _mask(j.ran if at == 5 else j.reported), *jobs[i][at + 1:])
+            break
+    ranks, ren = _ranks_canonical(t, tjobs, reduce)
+    return (*fp[:8], ranks, t.pressure, t.skip, *fp[11:]), tlab, ren, tjobs
+
+
 _EMPTY: frozenset = frozenset()
 
 

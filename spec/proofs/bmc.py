@@ -25,9 +25,14 @@ from dataclasses import dataclass, field
 
 from ..invariants import TRANSIENT, check
 from ..model import Config, State
-from ..symmetry import canonical_jobs, rank_automorphisms, rename_ranks
+from ..symmetry import (
+    canonical_after_worker_step,
+    canonical_jobs,
+    rank_automorphisms,
+    rename_ranks,
+)
+from .sleep import WORKER, passed_on
 from .sleep import names as action_names
-from .sleep import passed_on
 
 
 @dataclass
@@ -121,6 +126,7 @@ def _search(cfg: Config, depth: int, max_states: int, deadline_s: float | None,
     if bad:
         return BmcResult(False, 0, 1, False, time.monotonic() - t0, bad[0], [])
     d = 0
+    plain = model is State  # unmodified: a worker step's hash is rebuilt from its parent's
     cov: Counter[str] = Counter()
     # one copy of each distinct fingerprint part (most states share their tables, keys, refs
     # with many others): the kept fingerprints are most of a search's memory
@@ -164,7 +170,9 @@ def _search(cfg: Config, depth: int, max_states: int, deadline_s: float | None,
                                          bad[0], _path(parent, fp) + [act])
                     continue
                 prev = t
-                tf, tlab, tren, tjobs = canonical_jobs(t, symmetry)
+                hashed = canonical_after_worker_step(s, fp, lab, jobs, t, act, symmetry) \
+                    if plain and act[0] in WORKER else None
+                tf, tlab, tren, tjobs = hashed or canonical_jobs(t, symmetry)
                 seen = tf in parent
                 # A state merged with one already checked differs from it only by a renaming
                 # and in the fields the fingerprint leaves out: re-check just those.
