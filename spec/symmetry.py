@@ -186,7 +186,8 @@ def canonical_after_worker_step(s: State, fp: tuple, lab: list[int], jobs: list[
     ``t.jobs`` keeps ``s.jobs``'s order), the store, ``pressure`` and ``skip``; a report that
     is not the last writes only the job's ``reported`` (nothing unpins, the job stays);
     ``clone`` drops ``last_hit``/``last_reset``, which the hash leaves out. With the same block
-    labels, every other part of the hash is ``s``'s part, so only the rank part (jobs and store
+    labels (always, with one job: the walk reads no rank set but through the order of jobs),
+    every other part of the hash is ``s``'s part, so only the rank part (jobs and store
     under the rank renaming), ``pressure`` and ``skip`` are rebuilt
     (``tests/spec/test_symmetry.py`` compares it with the full hash on every worker step of
     bounded searches). A mutant overrides rules, so the search uses this on the unmodified
@@ -197,13 +198,12 @@ def canonical_after_worker_step(s: State, fp: tuple, lab: list[int], jobs: list[
         at = 6
     else:
         return None
-    if reduce:
+    tlab = lab
+    if reduce and len(t.jobs) > 1:  # the walk orders jobs by shape, which counts ranks
         order = _walk_order(t)
         tlab = sorted(range(len(order)), key=order.__getitem__)
         if tlab != lab:
             return None
-    else:
-        tlab = lab
     jid, tjobs = act[1], list(jobs)
     for i, k in enumerate(t.jobs):
         if k == jid:
