@@ -11,7 +11,8 @@ Transitions, never states, are pruned: sleep sets skip one order of two commutin
 (:mod:`spec.proofs.sleep`, with why every state within the bound is still reached), a rank
 permutation that fixes a state takes only the first of two symmetric worker steps, and a
 successor equal to its parent or previous sibling is not hashed again (its transient result is
-still checked).
+still checked). The states new in the last layer are checked and counted but not kept (they are
+never expanded), and the kept fingerprints share their equal parts: most of a search's memory.
 """
 
 from __future__ import annotations
