@@ -119,11 +119,20 @@ def fingerprint(s: State, reduce: bool = True) -> tuple:
 
 
 def canonical(s: State, reduce: bool = True) -> tuple[tuple, list[int], tuple[int, ...]]:
+    """:func:`fingerprint`, with the renaming that produced it (:func:`canonical_jobs`)."""
+    return canonical_jobs(s, reduce)[:3]
+
+
+def canonical_jobs(s: State, reduce: bool = True
+                   ) -> tuple[tuple, list[int], tuple[int, ...], list[tuple]]:
     """:func:`fingerprint`, with the renaming that produced it: ``lab[b]`` (block ``b``'s
     canonical id) and ``ren[m]`` (a rank-set bitmask's canonical image). Two states with one
     fingerprint are mapped onto each other by ``lab``/``ren`` of the one, then the inverse of the
     other's, so a block or rank named through them means the same at both
     (:mod:`spec.proofs.sleep` names actions that way).
+
+    The fourth value is every job, blocks relabelled and rank sets as bitmasks, in ``s.jobs``
+    order (the sleep sets name worker actions by it).
 
     Built with C-level ``map`` over the relabelling (the bounded search computes one per
     transition, most of its time); the value is the same tuple as a field-by-field loop."""
@@ -151,15 +160,61 @@ def canonical(s: State, reduce: bool = True) -> tuple[tuple, list[int], tuple[in
     return (
         ref, tuple(map(lg, s.fq)),
         frozenset([(k, lg(b)) for k, b in s.keys.items()]), content, reqs,
-        tuple([(g, lg(a), lg(b)) for g, a, b in s.pending_copies]),
-        tuple([(ex - f, tuple(map(lg, ids)), k) for f, ids, k in s.retained]),
-        tuple([(rid, g, lg(b), m) for rid, g, b, m in s.offloads]),
+        tuple([(g, lg(a), lg(b)) for g, a, b in s.pending_copies]) if s.pending_copies else (),
+        tuple([(ex - f, tuple(map(lg, ids)), k) for f, ids, k in s.retained])
+        if s.retained else (),
+        tuple([(rid, g, lg(b), m) for rid, g, b, m in s.offloads]) if s.offloads else (),
         ranks, s.pressure, s.skip, s.phase, s.step - ex,
-        frozenset(s.this_step), frozenset(s.fresh), frozenset(s.scheduled.items()),
-        tuple([(g, lg(a), lg(b)) for g, a, b in s.copies]),
-        tuple([(rid, lg(a), lg(b), m) for rid, a, b, m in s.snapshots]), s.violations,
-        s.extra_fingerprint(lab),
-    ), lab, ren
+        frozenset(s.this_step) if s.this_step else _EMPTY,
+        frozenset(s.fresh) if s.fresh else _EMPTY,
+        frozenset(s.scheduled.items()) if s.scheduled else _EMPTY,
+        tuple([(g, lg(a), lg(b)) for g, a, b in s.copies]) if s.copies else (),
+        tuple([(rid, lg(a), lg(b), m) for rid, a, b, m in s.snapshots]) if s.snapshots else (),
+        s.violations, s.extra_fingerprint(lab),
+    ), lab, ren, jobs
+
+
+def canonical_after_worker_step(s: State, fp: tuple, lab: list[int], jobs: list[tuple],
+                                t: State, act: tuple, reduce: bool = True
+                                ) -> tuple[tuple, list[int], tuple[int, ...], list[tuple]] | None:
+    """:func:`canonical_jobs` of ``t = s.apply(act)`` on the unmodified
+    :class:`spec.model.State`, for ``act`` a ``run_job`` or a ``report`` that is not the job's
+    last, from ``s``'s (``fp``, ``lab``, ``jobs``); None for any other action, or where ``t``'s
+    walk labels the blocks differently (then compute it in full).
+
+    Why it is the same value: ``do_run_job`` writes only job ``j``'s ``ran`` (a reassignment:
+    ``t.jobs`` keeps ``s.jobs``'s order), the store, ``pressure`` and ``skip``; a report that
+    is not the last writes only the job's ``reported`` (nothing unpins, the job stays);
+    ``clone`` drops ``last_hit``/``last_reset``, which the hash leaves out. With the same block
+    labels (always, with one job: the walk reads no rank set but through the order of jobs),
+    every other part of the hash is ``s``'s part, so only the rank part (jobs and store
+    under the rank renaming), ``pressure`` and ``skip`` are rebuilt
+    (``tests/spec/test_symmetry.py`` compares it with the full hash on every worker step of
+    bounded searches). A mutant overrides rules, so the search uses this on the unmodified
+    model only."""
+    if act[0] == "run_job":
+        at = 5
+    elif act[0] == "report" and len(s.jobs[act[1]].reported) + 1 < s.cfg.workers:
+        at = 6
+    else:
+        return None
+    tlab = lab
+    if reduce and len(t.jobs) > 1:  # the walk orders jobs by shape, which counts ranks
+        order = _walk_order(t)
+        tlab = sorted(range(len(order)), key=order.__getitem__)
+        if tlab != lab:
+            return None
+    jid, tjobs = act[1], list(jobs)
+    for i, k in enumerate(t.jobs):
+        if k == jid:
+            j = t.jobs[jid]
+            tjobs[i] = (*jobs[i][:at], _mask(j.ran if at == 5 else j.reported), *jobs[i][at + 1:])
+            break
+    ranks, ren = _ranks_canonical(t, tjobs, reduce)
+    return (*fp[:8], ranks, t.pressure, t.skip, *fp[11:]), tlab, ren, tjobs
+
+
+_EMPTY: frozenset = frozenset()
 
 
 @cache
@@ -192,8 +247,13 @@ def _ranks_canonical(s: State, jm: list[tuple], reduce: bool
     else:
         store = [()] * w
     if not reduce or w == 1 or not (s.store or any(j[5] for j in jm)):
-        jm.sort()
-        return (tuple(jm), tuple(store)), renamings[0]
+        return (tuple(sorted(jm)), tuple(store)), renamings[0]
+    if w == 2:  # the identity or the swap (the general loop below, unrolled)
+        swap = renamings[1]
+        ident = (tuple(sorted(jm)), tuple(store))
+        swapped = (tuple(sorted([(*j[:5], swap[j[5]], swap[j[6]], j[7]) for j in jm])),
+                   (store[1], store[0]))
+        return (swapped, swap) if swapped < ident else (ident, renamings[0])
     best: tuple | None = None
     best_ren = renamings[0]
     for ren in renamings:

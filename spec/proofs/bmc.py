@@ -11,7 +11,8 @@ Transitions, never states, are pruned: sleep sets skip one order of two commutin
 (:mod:`spec.proofs.sleep`, with why every state within the bound is still reached), a rank
 permutation that fixes a state takes only the first of two symmetric worker steps, and a
 successor equal to its parent or previous sibling is not hashed again (its transient result is
-still checked).
+still checked). The states new in the last layer are checked and counted but not kept (they are
+never expanded), and the kept fingerprints share their equal parts: most of a search's memory.
 """
 
 from __future__ import annotations
@@ -25,9 +26,14 @@ from dataclasses import dataclass, field
 
 from ..invariants import TRANSIENT, check
 from ..model import Config, State
-from ..symmetry import canonical, rank_automorphisms, rename_ranks
+from ..symmetry import (
+    canonical_after_worker_step,
+    canonical_jobs,
+    rank_automorphisms,
+    rename_ranks,
+)
+from .sleep import WORKER, passed_on
 from .sleep import names as action_names
-from .sleep import passed_on
 
 
 @dataclass
@@ -112,28 +118,37 @@ def _search(cfg: Config, depth: int, max_states: int, deadline_s: float | None,
             model: type[State], symmetry: bool, sleepy: bool) -> BmcResult:
     t0 = time.monotonic()
     s0 = model(cfg)
-    f0, lab0, ren0 = canonical(s0, symmetry)
+    f0, lab0, ren0, jobs0 = canonical_jobs(s0, symmetry)
     parent: dict[tuple, tuple[tuple, tuple] | None] = {f0: None}
     none: frozenset[tuple] = frozenset()
-    # (state, fingerprint, names of the actions asleep there, its renaming)
-    frontier: list[tuple[State, tuple, frozenset, list[int], tuple[int, ...]]] = [
-        (s0, f0, none, lab0, ren0)]
+    # (state, fingerprint, names of the actions asleep there, its renaming, its jobs renamed)
+    frontier: list[_Entry] = [(s0, f0, none, lab0, ren0, jobs0)]
     bad = check(s0)
     if bad:
         return BmcResult(False, 0, 1, False, time.monotonic() - t0, bad[0], [])
     d = 0
+    plain = model is State  # unmodified: a worker step's hash is rebuilt from its parent's
     cov: Counter[str] = Counter()
+    # one copy of each distinct fingerprint part (most states share their tables, keys, refs
+    # with many others): the kept fingerprints are most of a search's memory
+    share = {}.setdefault
+    grew = False  # the last layer has a new state (it is not kept: see ``last``)
     while frontier and d < depth:
         d += 1
-        nxt: list[tuple[State, tuple, frozenset, list[int], tuple[int, ...]]] = []
+        # the states new in the last layer are checked but never expanded: they are not kept
+        # (most of the memory), nor are their sleep sets computed; ``grew`` says the frontier
+        # would not have emptied
+        last = d == depth
+        nxt: list[_Entry] = []
         layer: dict[tuple, int] = {}  # states new in this layer -> index in nxt
-        for s, fp, names, lab, ren in frontier:
+        for s, fp, names, lab, ren, jobs in frontier:
             acts = s.enabled()
             asleep = []
             if names:
-                asleep = [a for a, n in zip(acts, action_names(s, acts, lab, ren), strict=True)
-                          if n in names]
+                asleep = [a for a, n in zip(acts, action_names(s, acts, lab, ren, jobs),
+                                            strict=True) if n in names]
             before: list[tuple] = []  # the actions enumerated at s so far
+            kinds: dict[tuple, str] = {}  # the sleep sets' class of each worker action at s
             autos = rank_automorphisms(s) if symmetry else []
             done: set[tuple] = set()  # actions taken at s (for the rank automorphisms)
             prev: State = s
@@ -156,7 +171,9 @@ def _search(cfg: Config, depth: int, max_states: int, deadline_s: float | None,
                                          bad[0], _path(parent, fp) + [act])
                     continue
                 prev = t
-                tf, tlab, tren = canonical(t, symmetry)
+                hashed = canonical_after_worker_step(s, fp, lab, jobs, t, act, symmetry) \
+                    if plain and act[0] in WORKER else None
+                tf, tlab, tren, tjobs = hashed or canonical_jobs(t, symmetry)
                 seen = tf in parent
                 # A state merged with one already checked differs from it only by a renaming
                 # and in the fields the fingerprint leaves out: re-check just those.
@@ -166,33 +183,44 @@ def _search(cfg: Config, depth: int, max_states: int, deadline_s: float | None,
                     return BmcResult(False, d, len(parent), False, time.monotonic() - t0,
                                      bad[0], _path(parent, fp) + [act])
                 if not seen:
+                    tf = tuple(map(share, tf, tf))  # its parts: one copy of each equal one
                     parent[tf] = (fp, act)
-                    layer[tf] = len(nxt)
-                    z = _asleep_after(s, act, asleep, before[:-1], t, tlab, tren) \
-                        if sleepy else none
-                    nxt.append((t, tf, z, tlab, tren))
                     cov.update(_events(s, act, t))
+                    if last:  # checked and counted; never expanded, so not kept
+                        grew = True
+                        continue
+                    layer[tf] = len(nxt)
+                    z = _asleep_after(s, act, asleep, before, t, tlab, tren, tjobs, kinds) \
+                        if sleepy else none
+                    nxt.append((t, tf, z, tlab, tren, tjobs))
                 elif tf in layer:  # another edge into a state new in this layer
                     i = layer[tf]
-                    u, uf, uz, ulab, uren = nxt[i]
+                    u, uf, uz, ulab, uren, ujobs = nxt[i]
                     if uz:
-                        z = _asleep_after(s, act, asleep, before[:-1], t, tlab, tren)
-                        nxt[i] = (u, uf, uz & z, ulab, uren)
+                        z = _asleep_after(s, act, asleep, before, t, tlab, tren, tjobs, kinds)
+                        nxt[i] = (u, uf, uz & z, ulab, uren, ujobs)
             if len(parent) > max_states or (deadline_s and time.monotonic() - t0 > deadline_s):
                 return BmcResult(True, d - 1, len(parent), False, time.monotonic() - t0,
                                  coverage=dict(cov))
         frontier = nxt
-    return BmcResult(True, d, len(parent), not frontier, time.monotonic() - t0,
+    return BmcResult(True, d, len(parent), not (frontier or grew), time.monotonic() - t0,
                      coverage=dict(cov))
 
 
+#: a frontier entry: (state, fingerprint, names asleep there, its renaming ``lab``/``ren``, its
+#: jobs relabelled, as :func:`spec.symmetry.canonical_jobs` gives them)
+_Entry = tuple[State, tuple, frozenset, list[int], tuple[int, ...], list[tuple]]
+
+
 def _asleep_after(s: State, act: tuple, asleep: list[tuple], before: list[tuple], t: State,
-                  lab: list[int], ren: tuple[int, ...]) -> frozenset:
-    """The names, at ``t = s.act``, of the actions this edge puts to sleep there."""
-    z = passed_on(s, act, asleep, before)
+                  lab: list[int], ren: tuple[int, ...], jobs: list[tuple],
+                  kinds: dict[tuple, str]) -> frozenset:
+    """The names, at ``t = s.act``, of the actions this edge puts to sleep there (``before``:
+    the actions enumerated at ``s`` up to ``act``, which is its last)."""
+    z = passed_on(s, act, asleep, before[:-1], kinds)
     if not z:
         return frozenset()
-    out = set(action_names(t, z, lab, ren))
+    out = set(action_names(t, z, lab, ren, jobs))
     out.discard(None)
     return frozenset(out)
 

@@ -87,10 +87,16 @@ _RUN_JOB = frozenset({"begin_step", "schedule", "end_schedule", "finish", "evict
                       "release"})
 
 
-def _kind(s: Any, a: tuple) -> str:
+def _kind(s: Any, a: tuple, memo: dict[tuple, str] | None = None) -> str:
     """A worker action's class at ``s``: ``add`` (only adds its rank to one of the job's sets,
     now and after any other action), ``ok``/``full`` (a run_job that stores or marks pressure),
-    ``unpin`` (the job's last report)."""
+    ``unpin`` (the job's last report). ``memo``: the classes already found at ``s`` (the search
+    asks for each action's class once per state, not once per pair)."""
+    if memo is not None:
+        k = memo.get(a)
+        if k is None:
+            k = memo[a] = _kind(s, a)
+        return k
     j = s.jobs[a[1]]
     if a[0] == "run_job":
         # error stores nothing; a job of an earlier generation stays not live (epochs only grow);
@@ -107,19 +113,20 @@ def _gated(s: Any, a: tuple) -> bool:
     return s.pressure and s.jobs[a[1]].rid in s.skip
 
 
-def commutes(s: Any, a: tuple, x: tuple) -> bool:
+def commutes(s: Any, a: tuple, x: tuple, memo: dict[tuple, str] | None = None) -> bool:
     """Whether actions ``a`` and ``x`` (distinct, both enabled at ``s``) commute there
-    (``s.a.x == s.x.a``, the same transient result, neither disables the other)."""
+    (``s.a.x == s.x.a``, the same transient result, neither disables the other); ``memo`` as
+    for :func:`_kind`."""
     wa, wx = a[0] in WORKER, x[0] in WORKER
     if not wa and not wx:
         return a[0] == x[0] == "evict"
     if not wa:
         a, x, wa, wx = x, a, wx, wa
-    ka = _kind(s, a)
+    ka = _kind(s, a, memo)
     if wx:
         if a[1:3] == x[1:3]:
             return False  # one rank's alternatives on one job
-        kx = _kind(s, x)
+        kx = _kind(s, x, memo)
         if ka == "add" or kx == "add":
             return True
         if ka == kx == "ok":  # each stores on its own rank; neither gated, both clear
@@ -146,9 +153,10 @@ def name(s: Any, a: tuple, lab: list[int], ren: tuple[int, ...]) -> tuple | None
     return names(s, [a], lab, ren)[0]
 
 
-def names(s: Any, acts: list[tuple], lab: list[int], ren: tuple[int, ...]
-          ) -> list[tuple | None]:
-    """:func:`name` of each action of ``acts`` at ``s`` (the job forms computed once)."""
+def names(s: Any, acts: list[tuple], lab: list[int], ren: tuple[int, ...],
+          jobs: list[tuple] | None = None) -> list[tuple | None]:
+    """:func:`name` of each action of ``acts`` at ``s`` (the job forms computed once; ``jobs``:
+    the jobs as :func:`spec.symmetry.canonical_jobs` gave them with ``lab``, if at hand)."""
     keys: dict[int, tuple | None] | None = None
     out: list[tuple | None] = []
     for a in acts:
@@ -158,7 +166,7 @@ def names(s: Any, acts: list[tuple], lab: list[int], ren: tuple[int, ...]
             out.append(("evict", lab[a[1]]))
         else:
             if keys is None:
-                keys = _job_keys(s, lab, ren)
+                keys = _job_keys(s, lab, ren) if jobs is None else job_keys(s, jobs, ren)
             key = keys.get(a[1])
             out.append(None if key is None else
                        (a[0], key, ren[1 << a[2]].bit_length() - 1, *a[3:]))
@@ -169,11 +177,17 @@ def _job_keys(s: Any, lab: list[int], ren: tuple[int, ...]) -> dict[int, tuple |
     """Each job as the fingerprint shows it (blocks and rank sets renamed); None for a form
     two jobs share (the name would not say which)."""
     ex = s.executed
-    out: dict[int, tuple | None] = {}
-    for jid, j in s.jobs.items():
-        out[jid] = (j.rid, j.generation, tuple([lab[b] for b in j.ids]),
-                    tuple([(g, p, lab[b]) for g, p, b in j.puts]), ex - j.fence,
-                    ren[_bits(j.ran)], ren[_bits(j.reported)], j.released)
+    jobs = [(j.rid, j.generation, tuple([lab[b] for b in j.ids]),
+             tuple([(g, p, lab[b]) for g, p, b in j.puts]), ex - j.fence,
+             _bits(j.ran), _bits(j.reported), j.released) for j in s.jobs.values()]
+    return job_keys(s, jobs, ren)
+
+
+def job_keys(s: Any, jobs: list[tuple], ren: tuple[int, ...]) -> dict[int, tuple | None]:
+    """:func:`_job_keys` from the jobs with blocks renamed and rank sets as bitmasks, in
+    ``s.jobs`` order (what :func:`spec.symmetry.canonical_jobs` builds on the way)."""
+    out: dict[int, tuple | None] = {
+        jid: (*k[:5], ren[k[5]], ren[k[6]], k[7]) for jid, k in zip(s.jobs, jobs, strict=True)}
     if len(set(out.values())) < len(out):
         seen: dict[tuple | None, int] = {}
         for k in out.values():
@@ -186,7 +200,9 @@ def _bits(ranks: frozenset[int]) -> int:
     return sum(1 << r for r in ranks)
 
 
-def passed_on(s: Any, a: tuple, asleep: list[tuple], before: list[tuple]) -> list[tuple]:
+def passed_on(s: Any, a: tuple, asleep: list[tuple], before: list[tuple],
+              memo: dict[tuple, str] | None = None) -> list[tuple]:
     """``Z(s, a)``: the actions that sleep at ``s.a`` (from this edge), concrete: those asleep
-    at ``s`` or enumerated at ``s`` before ``a`` that commute with ``a`` there."""
-    return [x for x in (*asleep, *before) if commutes(s, a, x)]
+    at ``s`` or enumerated at ``s`` before ``a`` that commute with ``a`` there (``memo`` as for
+    :func:`_kind`)."""
+    return [x for x in (*asleep, *before) if commutes(s, a, x, memo)]

@@ -13,7 +13,12 @@ from tailproof.spec.invariants import check
 from tailproof.spec.model import Config, State
 from tailproof.spec.proofs.bmc import bmc
 from tailproof.spec.proofs.mutants import MUTANTS, MutantConfig
-from tailproof.spec.symmetry import rename, rename_action
+from tailproof.spec.symmetry import (
+    canonical_after_worker_step,
+    canonical_jobs,
+    rename,
+    rename_action,
+)
 
 #: small instances that reach store jobs on both ranks, CoW, turn-end slots and junction jobs
 CONFIGS = {
@@ -126,3 +131,27 @@ def test_mutant_models_commute_with_renaming(name: str) -> None:
             assert t.apply(rename_action(a, pi, rho)).fingerprint() == s.apply(a).fingerprint()
     assert bmc(cfg, 12, model=m.model).ok is bmc(cfg, 12, model=m.model, symmetry=False).ok \
         is False
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_worker_step_hash_from_the_parent_is_the_full_hash(name: str) -> None:
+    """The bounded search rebuilds a worker step's successor hash from its parent's
+    (:func:`canonical_after_worker_step`): on every run_job and report of every state within
+    the bound, reduced and not, it is the hash :func:`canonical_jobs` computes in full, renaming
+    included, or None (a job's last report, or the walk relabelled the blocks: the search then
+    computes it in full)."""
+    cfg, depth = CONFIGS[name]
+    rebuilt: dict[str, int] = {"run_job": 0, "report": 0}
+    for s in _reachable(cfg, depth, reduce=True):
+        for reduce in (True, False):
+            fp, lab, _ren, jobs = canonical_jobs(s, reduce)
+            for a in s.enabled():
+                t = s.apply(a)
+                got = canonical_after_worker_step(s, fp, lab, jobs, t, a, reduce)
+                if got is None:
+                    last = a[0] == "report" and len(s.jobs[a[1]].reported) + 1 == cfg.workers
+                    assert a[0] not in rebuilt or last or reduce, a  # raw ids: labels stay
+                    continue
+                assert got == canonical_jobs(t, reduce), (name, a)
+                rebuilt[a[0]] += 1
+    assert rebuilt["run_job"] > 100 and rebuilt["report"] > 10, rebuilt
