@@ -40,7 +40,44 @@ os.environ.setdefault("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")  # no forward: posit
 
 GROUPS = (("full_attention", 16), ("mamba", 64))
 H, BUDGET, CHUNK, RUNNING = 16, 2056, 2048, 16384
-VARIANTS = ("none", "connector", "no-memo")
+VARIANTS = ("none", "noop", "connector", "no-memo")
+
+
+def noop_connector(real: Any) -> Any:
+    """A scheduler-side connector that does nothing (no hit, empty metadata, no stats; vLLM's
+    ``KVConnectorBase_V1`` defaults otherwise): the peer that isolates what vLLM's own
+    connector path costs per step (block state, boundary hand-offs,
+    ``_update_from_kv_xfer_finished``) from the connector's."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+        KVConnectorBase_V1,
+        KVConnectorMetadata,
+    )
+
+    class NoopConnector(KVConnectorBase_V1):
+        def get_num_new_matched_tokens(self, request: Any, num_computed: int) -> Any:
+            return 0, False
+
+        def update_state_after_alloc(self, request: Any, blocks: Any, num_ext: int) -> None:
+            return None
+
+        def build_connector_meta(self, so: Any) -> Any:
+            return KVConnectorMetadata()
+
+        def start_load_kv(self, *a: Any, **k: Any) -> None:
+            return None
+
+        def wait_for_layer_load(self, *a: Any) -> None:
+            return None
+
+        def save_kv_layer(self, *a: Any, **k: Any) -> None:
+            return None
+
+        def wait_for_save(self) -> None:
+            return None
+
+    noop = object.__new__(NoopConnector)
+    noop.__dict__.update({k: v for k, v in vars(real).items() if k.startswith("_")})
+    return noop
 
 
 def build(variant: str, max_len: int, num_blocks: int) -> Any:
@@ -60,6 +97,10 @@ def build(variant: str, max_len: int, num_blocks: int) -> Any:
                       log_stats=False)
     if variant == "no-memo":
         sched.connector.scheduler_side.lookup_client.remember = False
+    if variant == "noop":  # vLLM's scheduler built with a connector, then handed a no-op one
+        real = sched.connector
+        real.shutdown()
+        sched.connector = noop_connector(real)
     return sched
 
 
@@ -87,7 +128,7 @@ def run(variant: str, length: int, waiting: int) -> tuple[float, int, int]:
     for i in range(waiting):
         w = request(f"w{i}", [rnd.randrange(3, 30000) for _ in range(length)])
         sched.add_request(w)
-    side = sched.connector.scheduler_side if variant != "none" else None
+    side = sched.connector.scheduler_side if variant not in ("none", "noop") else None
     probed0 = side.lookup_client.keys_probed if side else 0
     total, steps = 0.0, 0
     offsets: dict[str, int] = {}  # the simulated rank's saved offset per request
@@ -109,6 +150,8 @@ def run(variant: str, length: int, waiting: int) -> tuple[float, int, int]:
                 kvo = KVConnectorOutput(kv_connector_worker_meta=TailproofWorkerMeta(
                     completed_saves={j: 1 for j in side.held},
                     saved_offsets={j: done.pop(j) for j in side.held}))
+            elif variant == "noop":  # a model runner with a connector always reports
+                kvo = KVConnectorOutput()
             # schedule() already advanced num_computed_tokens: a finished prefill samples
             sampled = [[7] if sched.requests[r].num_computed_tokens >= sched.requests[r].num_tokens
                        else [] for r in rids]
@@ -145,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
             probes: dict[str, int] = {}
             steps = 0
             for r in range(args.rounds + 1):  # round 0 warms up, untimed
-                order = VARIANTS[r % 3:] + VARIANTS[:r % 3]
+                order = VARIANTS[r % 4:] + VARIANTS[:r % 4]
                 for v in order:
                     t, steps, p = run(v, length, n)
                     if r:
@@ -154,11 +197,13 @@ def main(argv: list[str] | None = None) -> int:
             base = times["none"]
             line = [f"L={length:>6} N={n:>3} steps={steps}",
                     f"none {1e3 * statistics.median(base) / steps:.3f} ms/step"]
-            for v in ("connector", "no-memo"):
+            for v in ("noop", "connector", "no-memo"):
                 ratios = [a / b for a, b in zip(times[v], base, strict=True)]
                 line.append(f"{v} {1e3 * statistics.median(times[v]) / steps:.3f} ms/step "
-                            f"x{min(ratios):.2f}/{statistics.median(ratios):.2f} "
-                            f"(keys/step {probes[v] / steps:.0f})")
+                            f"x{min(ratios):.2f}/{statistics.median(ratios):.2f}"
+                            + (f" (keys/step {probes[v] / steps:.0f})" if v != "noop" else ""))
+            beyond = [a / b for a, b in zip(times["connector"], times["noop"], strict=True)]
+            line.append(f"connector / noop x{min(beyond):.2f}/{statistics.median(beyond):.2f}")
             print(" | ".join(line), flush=True)
     print(f"load after: {os.getloadavg()}", flush=True)
     return 0

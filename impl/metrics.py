@@ -108,14 +108,20 @@ class SchedulerMetrics:
         """The interval's counters (plain ints on the scheduler's single thread, no lock)."""
         data = self.c.drain()
         data["pinned_blocks"] = self.pinned_blocks
-        for name, v in zip(self.LOOKUP_NAMES, self.lookup_counts, strict=True):
-            if v:
-                data[name] = v
-        self.lookup_counts = [0] * len(self.LOOKUP_NAMES)
-        for name in ("jobs_emitted", "loads_emitted", "offloads_dropped", "lookup_errors"):
-            if v := getattr(self, name):
-                data[name] = v
-                setattr(self, name, 0)
+        if self.lookup_counts[0]:  # no lookup: every lookup count is 0
+            for name, v in zip(self.LOOKUP_NAMES, self.lookup_counts, strict=True):
+                if v:
+                    data[name] = v
+            self.lookup_counts = [0] * len(self.LOOKUP_NAMES)
+        # plain attributes, read and reset one by one (this runs every engine step)
+        if self.jobs_emitted:
+            data["jobs_emitted"], self.jobs_emitted = self.jobs_emitted, 0
+        if self.loads_emitted:
+            data["loads_emitted"], self.loads_emitted = self.loads_emitted, 0
+        if self.offloads_dropped:
+            data["offloads_dropped"], self.offloads_dropped = self.offloads_dropped, 0
+        if self.lookup_errors:
+            data["lookup_errors"], self.lookup_errors = self.lookup_errors, 0
         return data
 
 
