@@ -493,6 +493,14 @@ def resolve_reuse_extension(settings: Settings, geo: StoreGeometry, vllm_config:
                 notes.append(f"{key} (auto) is off: {reason}")
         else:
             values[key] = False
+    if values["device_junctions"] and not values["junction_checkpoints"]:
+        # the keying acts only where the junction hook stops a chunk (junctions.py)
+        why_off = "junction_checkpoints is off (device_junctions keys the junction stops it sets)"
+        if settings.device_junctions is True:
+            errors.append(f"device_junctions=true needs junction_checkpoints: {why_off}")
+        else:
+            notes.append(f"device_junctions (auto) is off: {why_off}")
+        values["device_junctions"] = False
     return replace(settings, **values), errors, notes
 
 

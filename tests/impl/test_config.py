@@ -196,3 +196,39 @@ def test_reuse_extension_refuses_speculation_and_windows() -> None:
     pure = replace(plain, is_mamba=(False, False))
     auto, _, notes = resolve_reuse_extension(parse_settings(every_auto, None), pure, sc, kvc)
     assert not auto.reuse_extension and "no Mamba group" in notes[0]
+
+
+def test_device_junctions_needs_junction_checkpoints() -> None:
+    """``device_junctions`` keys the junction stops the junction hook sets: without
+    ``junction_checkpoints`` it cannot act, so true is refused and "auto" is off, noted
+    (it used to resolve on and do nothing, silently)."""
+    pytest.importorskip("vllm")
+    from types import SimpleNamespace
+
+    import torch
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
+
+    from tailproof.impl.config import resolve_reuse_extension
+
+    fa = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=8, dtype=torch.float32)
+    mamba = MambaSpec(block_size=16, shapes=((3,), (5,)), dtypes=(torch.float32,) * 2,
+                      mamba_cache_mode="align")
+    kvc = SimpleNamespace(kv_cache_groups=[SimpleNamespace(kv_cache_spec=fa),
+                                           SimpleNamespace(kv_cache_spec=mamba)])
+    geo = StoreGeometry(core_group_ids=(0, 1), block_sizes=(16, 16), is_mamba=(False, True),
+                        hash_block_size=4, scheduler_block_size=16, partial_hits=True,
+                        use_eagle=False)
+    sc = SimpleNamespace(speculative_config=None)
+    asked = parse_settings({"device_junctions": True, "junction_checkpoints": False}, None)
+    resolved, probs, _ = resolve_reuse_extension(asked, geo, sc, kvc)
+    assert not resolved.device_junctions
+    assert probs == ["device_junctions=true needs junction_checkpoints: junction_checkpoints is "
+                     "off (device_junctions keys the junction stops it sets)"]
+    auto = parse_settings({"device_junctions": "auto", "junction_checkpoints": False}, None)
+    resolved, probs, notes = resolve_reuse_extension(auto, geo, sc, kvc)
+    assert probs == [] and not resolved.device_junctions
+    assert notes == ["device_junctions (auto) is off: junction_checkpoints is off "
+                     "(device_junctions keys the junction stops it sets)"]
+    both = parse_settings({"device_junctions": True, "junction_checkpoints": True}, None)
+    resolved, probs, _ = resolve_reuse_extension(both, geo, sc, kvc)
+    assert probs == [] and resolved.device_junctions and resolved.junction_checkpoints
