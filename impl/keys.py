@@ -46,10 +46,22 @@ class KeySpace:
     tp_size: int = 1
     mac_identity: str = UNSIGNED  # ``value_format.mac_identity_text`` of the engine's secret
 
+    def __post_init__(self) -> None:
+        # (rank, group, epoch) -> the key up to the hash: built once (lookups and puts make
+        # thousands of keys a step; the prefix is the same for all of a shard's group)
+        object.__setattr__(self, "_prefixes", {})
+
     def key(self, rank: int, group: int, block_hash: bytes, epoch: str = INITIAL_EPOCH) -> str:
-        tp, pp = rank % self.tp_size, rank // self.tp_size
-        return (f"{KEY_FORMAT}:{self.namespace}@{self.fingerprint}@m{self.mac_identity}"
-                f"@e{epoch}@t{tp}p{pp}@g{group}@{block_hash.hex()}")
+        prefixes: dict[tuple[int, int, str], str] = self._prefixes  # type: ignore[attr-defined]
+        head = prefixes.get((rank, group, epoch))
+        if head is None:
+            if len(prefixes) > 1024:  # epochs move at resets: keep the cache bounded
+                prefixes.clear()
+            tp, pp = rank % self.tp_size, rank // self.tp_size
+            head = prefixes[(rank, group, epoch)] = (
+                f"{KEY_FORMAT}:{self.namespace}@{self.fingerprint}@m{self.mac_identity}"
+                f"@e{epoch}@t{tp}p{pp}@g{group}@")
+        return head + block_hash.hex()
 
 
 @dataclass(frozen=True)

@@ -298,6 +298,7 @@ class StoreLookup:
         cands, present = memo.cands, memo.present
         lo = cands.upto(memo.result.hit_length)
         n, batch, changed = len(cands), FIRST_BATCH, False
+        earlier = memo.known  # candidates [0, earlier) were asked by an earlier ask
         while True:
             cap = self._cap(memo)
             known = memo.known
@@ -306,8 +307,9 @@ class StoreLookup:
                 batch *= 2
             else:
                 stop = new_end = cands.upto(cap)
-            idx = [i for i in range(lo, min(stop, known)) if not present.get(i)]
-            lo = max(lo, min(stop, known))
+            # re-ask only what an earlier ask found missing: this ask's answers are fresh
+            idx = [i for i in range(lo, min(stop, earlier)) if not present.get(i)]
+            lo = max(lo, min(stop, earlier))
             if new_end > known:
                 idx.extend(range(known, new_end))
                 memo.known = new_end
