@@ -113,15 +113,10 @@ class SchedulerMetrics:
                 if v:
                     data[name] = v
             self.lookup_counts = [0] * len(self.LOOKUP_NAMES)
-        # plain attributes, read and reset one by one (this runs every engine step)
-        if self.jobs_emitted:
-            data["jobs_emitted"], self.jobs_emitted = self.jobs_emitted, 0
-        if self.loads_emitted:
-            data["loads_emitted"], self.loads_emitted = self.loads_emitted, 0
-        if self.offloads_dropped:
-            data["offloads_dropped"], self.offloads_dropped = self.offloads_dropped, 0
-        if self.lookup_errors:
-            data["lookup_errors"], self.lookup_errors = self.lookup_errors, 0
+        for name in ("jobs_emitted", "loads_emitted", "offloads_dropped", "lookup_errors"):
+            if v := getattr(self, name):
+                data[name] = v
+                setattr(self, name, 0)
         return data
 
 
