@@ -19,7 +19,10 @@ that rotates per round; a round's ratio is its total step time over the no-conne
 Prints min and median of the paired ratios, the keys probed per step, and the machine load.
 
     .venv/bin/python benchmarks/waiting_lookups.py [--rounds 5] [--lengths 1024 8192 32768]
-        [--waiting 16 64]
+        [--waiting 16 64] [--running 16384]
+
+``--running`` sets R's prompt (16,384: 7 full-chunk steps, where each request's first ask
+weighs on the per-step figure; 65,536: 31 steps, a long prefill's steady state).
 """
 
 from __future__ import annotations
@@ -39,7 +42,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")  # no forward: positions unused
 
 GROUPS = (("full_attention", 16), ("mamba", 64))
-H, BUDGET, CHUNK, RUNNING = 16, 2056, 2048, 16384
+H, BUDGET, CHUNK = 16, 2056, 2048
+RUNNING = 16384  # R's prompt (``--running``)
 VARIANTS = ("none", "noop", "connector", "no-memo")
 
 
@@ -176,7 +180,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--lengths", type=int, nargs="+", default=[1024, 8192, 32768])
     ap.add_argument("--waiting", type=int, nargs="+", default=[16, 64])
+    ap.add_argument("--running", type=int, default=16384,
+                    help="R's prompt length (full 2,048-token chunks are timed)")
     args = ap.parse_args(argv)
+    global RUNNING
+    RUNNING = args.running
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_utils import init_none_hash
 

@@ -55,13 +55,22 @@ class KeySpace:
         prefixes: dict[tuple[int, int, str], str] = self._prefixes  # type: ignore[attr-defined]
         head = prefixes.get((rank, group, epoch))
         if head is None:
+            head = self.head(rank, group, epoch)
+        return head + block_hash.hex()
+
+    def head(self, rank: int, group: int, epoch: str = INITIAL_EPOCH) -> str:
+        """The key of (``rank``, ``group``, ``epoch``) up to the hash: ``head + hash.hex()``
+        is :meth:`key` (built once; a lookup makes its keys from these)."""
+        prefixes: dict[tuple[int, int, str], str] = self._prefixes  # type: ignore[attr-defined]
+        head = prefixes.get((rank, group, epoch))
+        if head is None:
             if len(prefixes) > 1024:  # epochs move at resets: keep the cache bounded
                 prefixes.clear()
             tp, pp = rank % self.tp_size, rank // self.tp_size
             head = prefixes[(rank, group, epoch)] = (
                 f"{KEY_FORMAT}:{self.namespace}@{self.fingerprint}@m{self.mac_identity}"
                 f"@e{epoch}@t{tp}p{pp}@g{group}@")
-        return head + block_hash.hex()
+        return head
 
 
 @dataclass(frozen=True)

@@ -122,7 +122,7 @@ class _Units:
         return min(self.n, tokens // self.h * self.g)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Memo:
     """One waiting request's remembered lookup: its candidates in token-end order, what each
     probe answered (absent: never asked), and the answer derived from the keys found present."""
@@ -163,6 +163,7 @@ class StoreLookup:
         self.changes = changes or (lambda: None)
         self.remember = True  # False: every ask probes every candidate (vLLM 0.33's way)
         self.memos: OrderedDict[str, _Memo] = OrderedDict()
+        self._heads: dict[str, list[list[str]]] = {}  # epoch -> group -> rank key heads
         self.keys_probed = 0  # candidate keys asked (times ranks), since start
         # Full-attention store groups: their hit is a prefix (the frontier argument).
         self._fa = tuple(
@@ -349,21 +350,28 @@ class StoreLookup:
         """Ask the store about candidates ``idx`` on every rank; True if one became present."""
         if not idx:
             return False
-        w, key, ep = self.world, self.keys.key, self.epoch
-        pairs = [memo.cands.key(i) for i in idx]
+        w, ep, cands = self.world, self.epoch, memo.cands
+        heads = self._heads.get(ep)
+        if heads is None:  # per group, every rank's key up to the hash (KeySpace.head)
+            if len(self._heads) > 64:
+                self._heads.clear()
+            heads = self._heads[ep] = [[self.keys.head(r, g, ep) for r in range(w)]
+                                       for g in range(self.geo.num_groups)]
         strings = memo.key_strings  # a re-asked candidate reuses its key strings
+        pairs = [cands.key(i) for i in idx]
         asked: list[str] = []
         for i, (g, hh) in zip(idx, pairs, strict=True):
             ks = strings.get(i)
             if ks is None:
-                ks = strings[i] = [key(r, g, hh, ep) for r in range(w)]
+                hx = hh.hex()
+                ks = strings[i] = [hd + hx for hd in heads[g]]
             asked.extend(ks)
         found = self.exists(asked)
         self.keys_probed += len(idx) * w
         changed = False
         present = memo.present
         for j, i in enumerate(idx):
-            ok = all(found[j * w:(j + 1) * w])
+            ok = found[j] if w == 1 else all(found[j * w:(j + 1) * w])
             if ok and not present.get(i):
                 memo.found.add(pairs[j])
                 changed = True

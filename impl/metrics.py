@@ -65,6 +65,11 @@ class Counters:
         with self._lock:
             return self._data.get(name, 0)
 
+    def pending(self) -> bool:
+        """Whether anything was counted, set or sampled since the last drain (a lock-free
+        read: a count racing it is drained next time, never lost)."""
+        return bool(self._data)
+
     def drain(self) -> dict[str, Any]:
         """Return the interval's data and start a new interval (gauges persist)."""
         with self._lock:
@@ -105,11 +110,13 @@ class SchedulerMetrics:
         return self.lookup_counts[self.LOOKUP_NAMES.index(name)]
 
     def drain(self) -> dict[str, Any]:
-        """The interval's counters (plain ints on the scheduler's single thread, no lock)."""
-        data = self.c.drain()
+        """The interval's counters (plain ints on the scheduler's single thread, no lock; the
+        named counters' lock only when one was counted: a drain runs every step)."""
+        data = self.c.drain() if self.c.pending() else {}
         data["pinned_blocks"] = self.pinned_blocks
-        if self.lookup_counts[0]:  # no lookup: every lookup count is 0
-            for name, v in zip(self.LOOKUP_NAMES, self.lookup_counts, strict=True):
+        lk = self.lookup_counts
+        if lk[0]:  # no lookup: every lookup count is 0
+            for name, v in zip(self.LOOKUP_NAMES, lk, strict=True):
                 if v:
                     data[name] = v
             self.lookup_counts = [0] * len(self.LOOKUP_NAMES)

@@ -150,6 +150,7 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
         # read on every lookup (settings and geometry are fixed for the connector's life)
         self._lookups, self._alignment = settings.enable_lookup, geo.alignment
         self._lcm = geo.scheduler_block_size
+        self._mamba_index = {c: g for g, c in enumerate(geo.core_group_ids) if geo.is_mamba[g]}
         self._consumer = settings.is_consumer
         self._reuse_configured = settings.reuse_extension
         self._init_turn_end(settings, geo)  # EXTENSION (turn_end.py)
@@ -235,7 +236,7 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
         consumer = self._consumer
         self._earlier_pins = self.metrics.pinned_blocks  # the pin budget's backlog
         memo = self.lookup_client if isinstance(self.lookup_client, StoreLookup) else None
-        for rid in sorted(so.finished_req_ids):
+        for rid in sorted(so.finished_req_ids) if so.finished_req_ids else ():
             if memo is not None:
                 memo.forget(rid)  # finished or aborted while waiting
             self.release_snapshot(rid)  # finish_turn normally did; a no-op then
@@ -247,7 +248,7 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
             self.request_trackers.pop(rid, None)
             self.unfinished_requests.pop(rid, None)
         preempted = set(so.preempted_req_ids or ())
-        for rid in sorted(preempted):  # sorted: slots return to the pool in a fixed order
+        for rid in sorted(preempted) if preempted else ():  # sorted: slots return in a fixed order
             self.release_snapshot(rid)  # rule 4: its state is recomputed
             if (t := self.request_trackers.get(rid)) is not None:
                 t.reset()
@@ -380,15 +381,14 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
             decode = cached.num_computed_tokens[i] >= t.prefill_end_tokens
             if decode and not self.settings.save_decode_cache:
                 return  # decode: KV past the prefill is not saved (the common, cheap path)
-        new_ids = cached.new_block_ids[i]
-        if new_ids:  # the core's lists, per core group (copied where they are kept)
-            new_ids = tuple([new_ids[g] for g in self.geo.core_group_ids])
+        core_ids = cached.new_block_ids[i]  # the core's lists, per core group
         ent = self.unfinished_requests.get(rid)
         req = ent[0] if ent is not None else None
         if resumed:
-            if not new_ids or req is None:
+            if not core_ids or req is None:
                 return
-            new_ids = tuple([list(g) for g in new_ids])  # the resumed request's new mirror
+            # the resumed request's new mirror (copies: the mirror is appended to)
+            new_ids = tuple([list(core_ids[g]) for g in self.geo.core_group_ids])
             spec = self.load_specs.pop(rid, None)
             t = RequestTracker(
                 req_id=rid,
@@ -405,11 +405,11 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
         if req is None:
             raise ValueError(f"request {rid} is not tracked by the connector")
         # Real tokens only: scheduled speculative drafts are not part of the sequence yet.
-        avail = len(req.all_token_ids) - t.token_len
+        avail = req.num_tokens - t.token_len
         t.token_len += max(0, min(so.num_scheduled_tokens[rid], avail))
-        if new_ids:
-            for mirror, extra in zip(t.allocated_block_ids, new_ids, strict=True):
-                mirror.extend(extra)
+        if core_ids:
+            for mirror, g in zip(t.allocated_block_ids, self.geo.core_group_ids, strict=True):
+                mirror.extend(core_ids[g])
         if self._consumer and not decode:
             return  # a consumer saves decode KV only
         self._maybe_save(t, req, pending, skip=False)
@@ -442,10 +442,12 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
             if t is None or ent is None:
                 self.metrics.offloads_dropped += len(entries)
                 continue
-            accepted = self._accept(entries, t.prefill_end_tokens)
+            end = t.prefill_end_tokens
+            accepted = self._accept(entries, end)
             if not accepted:
                 continue
-            decode = sorted({p.num_tokens for p in accepted if p.num_tokens > t.prefill_end_tokens})
+            decode = (sorted({p.num_tokens for p in accepted if p.num_tokens > end})
+                      if accepted[-1].num_tokens > end or len(accepted) > 1 else [])
             if (s := by_req.get(rid)) is not None:
                 s.boundary_puts = accepted
                 s.decode_boundaries = decode
@@ -466,13 +468,11 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
         -- or past it too with ``decode_boundary_saves`` (rule 5; vLLM 0.33 drops those)."""
         out: list[BoundaryPut] = []
         decode_ok = self.settings.decode_boundary_saves and not self.reuse_disabled
+        mamba_index = self._mamba_index
         for core_group, block_id, boundary in entries:
-            g = self.geo.store_index(core_group)
+            g = mamba_index.get(core_group)  # None: not stored, or not a Mamba group
             past = boundary > prefill_end_tokens and not decode_ok
             if past or block_id == NULL_BLOCK_ID or g is None:
-                self.metrics.offloads_dropped += 1
-                continue
-            if not self.geo.is_mamba[g]:
                 self.metrics.offloads_dropped += 1
                 continue
             out.append(BoundaryPut(g, block_id, boundary))
@@ -521,16 +521,20 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
         ids = [p.block_id for p in s.boundary_puts]
         if NULL_BLOCK_ID in ids:
             raise AssertionError("a null block can never back a boundary put")
+        if len(ids) > 1:
+            ids = list(dict.fromkeys(ids))
         t = None
         if s.token_len_chunk:
             t = self.request_trackers.get(s.req_id) if self._readable else None
-            ids += self._save_pins(s, t)
-            # an aligned boundary block may be in the table too: one reference per block
-            distinct = dict.fromkeys(ids)
-            distinct.pop(NULL_BLOCK_ID, None)  # null table entries are never read
-            ids = list(distinct)
-        elif len(ids) > 1:
-            ids = list(dict.fromkeys(ids))
+            table = self._save_pins(s, t)
+            if NULL_BLOCK_ID in table:  # null table entries are never read
+                table = [b for b in table if b != NULL_BLOCK_ID]
+            if tail or s.decode_boundaries:
+                # an attention tail put's block may be in the table too: one reference per
+                # block (a Mamba state block never is: it belongs to its own group's table)
+                ids = list(dict.fromkeys(ids + table))
+            else:
+                ids += table
         job = self._pins_within_budget(ids)
         if job is None:
             return False
@@ -586,7 +590,7 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
                 raise AssertionError("GPU block pool must be bound before a store job")
             self.held[job] = (ids, self.num_workers)
             blocks = self.pool.blocks
-            self._held_blocks[job] = pinned = [blocks[b] for b in ids]
+            self._held_blocks[job] = pinned = list(map(blocks.__getitem__, ids))
             self.pool.touch(pinned)
             self.metrics.pinned_blocks += len(ids)
         self.metrics.jobs_emitted += 1

@@ -265,6 +265,17 @@ def test_tp_rank_and_pp_rank_are_separate_in_the_key() -> None:
     assert (parse_key(k_pp).tp_rank, parse_key(k_pp).pp_rank) == (0, 1)
 
 
+def test_a_key_is_its_head_and_the_hash() -> None:
+    """Lookups build keys from ``KeySpace.head`` (once per rank, group and epoch)."""
+    ks = KeySpace("ns", "0" * 16, tp_size=2)
+    for rank in range(4):
+        for group in range(3):
+            for epoch in ("0", "e1"):
+                assert ks.head(rank, group, epoch) + "ab01" == ks.key(rank, group, b"\xab\x01",
+                                                                      epoch)
+    assert parse_key(ks.head(3, 2, "e1") + "ff").pp_rank == 1
+
+
 def test_scheduler_and_worker_compute_the_same_keys() -> None:
     """Both roles of a real connector derive one fingerprint from vLLM's config alone."""
     from engine_sim import Engine

@@ -27,6 +27,20 @@ def test_lookup_hits_split_by_granularity() -> None:
     assert m.drain() == {"pinned_blocks": 0}  # drained per interval (gauges persist)
 
 
+def test_a_drain_takes_every_count_once() -> None:
+    """The scheduler's drain skips the named counters' lock when none was counted, and never
+    loses one counted after a drain."""
+    m = SchedulerMetrics()
+    m.jobs_emitted, m.pinned_blocks = 2, 129
+    assert not m.c.pending()
+    assert m.drain() == {"pinned_blocks": 129, "jobs_emitted": 2}
+    m.c.inc("lookups_deferred")
+    assert m.c.pending()
+    assert m.drain() == {"pinned_blocks": 129, "lookups_deferred": 1}
+    assert not m.c.pending() and m.drain() == {"pinned_blocks": 129}
+    assert m.c.total("lookups_deferred") == 1
+
+
 def test_failures_counted_by_kind_and_stats_aggregate() -> None:
     w1, w2 = WorkerMetrics(), WorkerMetrics()
     w1.record_batch("put", [Outcome.success(8), Outcome.full(-200), Outcome.exists()], 8)

@@ -67,6 +67,21 @@ def test_readable_pins_follow_the_reported_offset() -> None:
     assert pins(s, j2) == [3] and j2.pin_floor == 32
 
 
+def test_a_block_both_a_tail_put_and_in_the_table_is_pinned_once() -> None:
+    """An aligned prompt (48 = 3 FA blocks, ck = 44): the tail's attention block 3 is also in
+    the save's slice; the Mamba state block is in no attention table (no dedup needed)."""
+    s = side()
+    j = StoreJob(req_id="A", token_len_chunk=48, token_ids_start=0,
+                 block_ids=(list(FA_TABLE), list(MAMBA_TABLE)), block_hashes=[b"x"] * 32,
+                 num_prompt_tokens=48, completed_token_len=48, publish_partial_tail=True,
+                 boundary_puts=[BoundaryPut(1, 22, 44)])
+    assert pins(s, j) == [3, 22, 1, 2]  # tail put, hand-off, then the table: each once
+    assert [s.pool.blocks[b].ref_cnt for b in (1, 2, 3, 22)] == [1, 1, 1, 1]
+    j1 = save(48, 64)  # a plain save: its hand-off and its slice, no tail
+    j1.boundary_puts = [BoundaryPut(1, 23, 64)]
+    assert pins(s, j1) == [23, 1, 2, 3, 4]
+
+
 def test_a_failed_put_widens_the_next_pins() -> None:
     s = side()
     j0 = save(0, 16)
