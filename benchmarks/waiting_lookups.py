@@ -43,7 +43,7 @@ os.environ.setdefault("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")  # no forward: posit
 
 GROUPS = (("full_attention", 16), ("mamba", 64))
 H, BUDGET, CHUNK = 16, 2056, 2048
-RUNNING = 16384  # R's prompt (``--running``)
+RUNNING = 16384  # R's prompt by default (``--running``)
 VARIANTS = ("none", "noop", "connector", "no-memo")
 
 
@@ -120,15 +120,16 @@ def request(rid: str, tokens: list[int]) -> Any:
                    block_hasher=get_request_block_hasher(H, sha256))
 
 
-def run(variant: str, length: int, waiting: int) -> tuple[float, int, int]:
+def run(variant: str, length: int, waiting: int,
+        running: int = RUNNING) -> tuple[float, int, int]:
     """Seconds of scheduler-thread time over R's prefill steps, steps, keys probed."""
     from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 
     from tailproof.impl.meta import TailproofWorkerMeta
 
     rnd = random.Random(length * 1000 + waiting)
-    sched = build(variant, RUNNING + length + 64, RUNNING // 16 + 400)
-    sched.add_request(request("R", [rnd.randrange(3, 30000) for _ in range(RUNNING)]))
+    sched = build(variant, running + length + 64, running // 16 + 400)
+    sched.add_request(request("R", [rnd.randrange(3, 30000) for _ in range(running)]))
     for i in range(waiting):
         w = request(f"w{i}", [rnd.randrange(3, 30000) for _ in range(length)])
         sched.add_request(w)
@@ -140,7 +141,7 @@ def run(variant: str, length: int, waiting: int) -> tuple[float, int, int]:
     gc.collect()
     gc.disable()
     try:
-        while RUNNING - sched.requests["R"].num_computed_tokens > CHUNK:  # full chunks only
+        while running - sched.requests["R"].num_computed_tokens > CHUNK:  # full chunks only
             t0 = time.perf_counter()
             so = sched.schedule()
             total += time.perf_counter() - t0
@@ -180,11 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--lengths", type=int, nargs="+", default=[1024, 8192, 32768])
     ap.add_argument("--waiting", type=int, nargs="+", default=[16, 64])
-    ap.add_argument("--running", type=int, default=16384,
+    ap.add_argument("--running", type=int, default=RUNNING,
                     help="R's prompt length (full 2,048-token chunks are timed)")
     args = ap.parse_args(argv)
-    global RUNNING
-    RUNNING = args.running
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_utils import init_none_hash
 
@@ -198,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
             for r in range(args.rounds + 1):  # round 0 warms up, untimed
                 order = VARIANTS[r % 4:] + VARIANTS[:r % 4]
                 for v in order:
-                    t, steps, p = run(v, length, n)
+                    t, steps, p = run(v, length, n, args.running)
                     if r:
                         times[v].append(t)
                         probes[v] = p

@@ -163,7 +163,6 @@ class StoreLookup:
         self.changes = changes or (lambda: None)
         self.remember = True  # False: every ask probes every candidate (vLLM 0.33's way)
         self.memos: OrderedDict[str, _Memo] = OrderedDict()
-        self._heads: dict[str, list[list[str]]] = {}  # epoch -> group -> rank key heads
         self.keys_probed = 0  # candidate keys asked (times ranks), since start
         # Full-attention store groups: their hit is a prefix (the frontier argument).
         self._fa = tuple(
@@ -351,12 +350,8 @@ class StoreLookup:
         if not idx:
             return False
         w, ep, cands = self.world, self.epoch, memo.cands
-        heads = self._heads.get(ep)
-        if heads is None:  # per group, every rank's key up to the hash (KeySpace.head)
-            if len(self._heads) > 64:
-                self._heads.clear()
-            heads = self._heads[ep] = [[self.keys.head(r, g, ep) for r in range(w)]
-                                       for g in range(self.geo.num_groups)]
+        head = self.keys.head  # per group, every rank's key up to the hash
+        heads = [[head(r, g, ep) for r in range(w)] for g in range(self.geo.num_groups)]
         strings = memo.key_strings  # a re-asked candidate reuses its key strings
         pairs = [cands.key(i) for i in idx]
         asked: list[str] = []

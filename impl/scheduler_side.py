@@ -236,7 +236,7 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
         consumer = self._consumer
         self._earlier_pins = self.metrics.pinned_blocks  # the pin budget's backlog
         memo = self.lookup_client if isinstance(self.lookup_client, StoreLookup) else None
-        for rid in sorted(so.finished_req_ids) if so.finished_req_ids else ():
+        for rid in sorted(so.finished_req_ids):
             if memo is not None:
                 memo.forget(rid)  # finished or aborted while waiting
             self.release_snapshot(rid)  # finish_turn normally did; a no-op then
@@ -248,7 +248,7 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
             self.request_trackers.pop(rid, None)
             self.unfinished_requests.pop(rid, None)
         preempted = set(so.preempted_req_ids or ())
-        for rid in sorted(preempted) if preempted else ():  # sorted: slots return in a fixed order
+        for rid in sorted(preempted):  # sorted: slots return to the pool in a fixed order
             self.release_snapshot(rid)  # rule 4: its state is recomputed
             if (t := self.request_trackers.get(rid)) is not None:
                 t.reset()
@@ -446,8 +446,7 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
             accepted = self._accept(entries, end)
             if not accepted:
                 continue
-            decode = (sorted({p.num_tokens for p in accepted if p.num_tokens > end})
-                      if accepted[-1].num_tokens > end or len(accepted) > 1 else [])
+            decode = sorted({p.num_tokens for p in accepted if p.num_tokens > end})
             if (s := by_req.get(rid)) is not None:
                 s.boundary_puts = accepted
                 s.decode_boundaries = decode
@@ -620,8 +619,8 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
             return False
         mamba: list[BoundaryPut] = []
         for core_group, block_id, b in partial_tail_offloads:
-            g = self.geo.store_index(core_group)
-            if g is None or not self.geo.is_mamba[g] or block_id == NULL_BLOCK_ID:
+            g = self._mamba_index.get(core_group)  # None: not stored, or not a Mamba group
+            if g is None or block_id == NULL_BLOCK_ID:
                 return False
             mamba.append(BoundaryPut(g, block_id, b))
         s = StoreJob(req_id=rid, token_len_chunk=0,
