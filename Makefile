@@ -1,6 +1,11 @@
 # The two entry points of the README. Each bootstraps the venv first (a no-op when current).
 VENV ?= .venv
 export TAILPROOF_VENV := $(VENV)
+# VLLM=0.33 runs a target on another installed vLLM release (its overlay folder first on
+# PYTHONPATH, scripts/vllm_env.sh); unset: the venv's own, the newest supported release.
+ifdef VLLM
+export PYTHONPATH := $(shell ./scripts/vllm_env.sh $(VLLM))
+endif
 
 .PHONY: check test venv lint bench
 

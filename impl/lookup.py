@@ -42,6 +42,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.coordinator imp
     ExternalCachedBlockPool,
     MooncakeStoreCoordinator,
 )
+from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.data import (
+    chunk_hashes_for_block_size,
+)
 
 from tailproof.impl.config import StoreGeometry
 from tailproof.impl.keys import KeyEpoch, KeySpace
@@ -184,7 +187,11 @@ class StoreLookup:
         masks = self.coord.lookup_mask(token_len)
         for g, group in enumerate(self.coord.kv_cache_groups):
             bs = geo.block_sizes[g]
-            ghashes = self.coord.block_hashes_for_spec(hashes, group.kv_cache_spec)
+            # chunk_hashes_for_block_size (mooncake/store/data.py, both releases) with the
+            # spec's block size, as 0.33's MooncakeStoreCoordinator.block_hashes_for_spec did
+            # (0.34 removed that method).
+            ghashes = chunk_hashes_for_block_size(hashes, self.coord.hash_block_size,
+                                                  group.kv_cache_spec.block_size)
             limit = min(len(ghashes), cdiv(token_len, bs))
             mask = masks[g] if masks is not None else None
             if mask is not None:

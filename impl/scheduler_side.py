@@ -60,6 +60,7 @@ from tailproof.impl.meta import (
 )
 from tailproof.impl.metrics import SchedulerMetrics
 from tailproof.impl.turn_end import TurnEndCheckpoints
+from tailproof.impl.vllm_release import resumed_ids
 from tailproof.spec.arithmetic import NULL_BLOCK_ID, checkpoint_position, partial_tail_puts
 
 logger = logging.getLogger(__name__)
@@ -274,7 +275,7 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
         cached = so.scheduled_cached_reqs
         if not consumer or self.settings.save_decode_cache:
             skip_decode = not self.settings.save_decode_cache
-            trackers, resumed, computed = (self.request_trackers, cached.resumed_req_ids,
+            trackers, resumed, computed = (self.request_trackers, resumed_ids(cached),
                                            cached.num_computed_tokens)
             for i, rid in enumerate(cached.req_ids):
                 if (skip_decode and rid not in resumed
@@ -375,7 +376,7 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
 
     def _cached_request(self, cached: Any, i: int, rid: str, so: Any, pending: list[StoreJob],
                         meta: TailproofMeta) -> None:
-        resumed = rid in cached.resumed_req_ids
+        resumed = rid in resumed_ids(cached)  # 0.33 Model Runner V1 only (vllm_release)
         if not resumed:
             t = self.request_trackers[rid]
             decode = cached.num_computed_tokens[i] >= t.prefill_end_tokens
