@@ -32,10 +32,12 @@ def _configs() -> tuple[Any, Any, Any]:
 def _vllm_prefix(vc: Any) -> str:
     """The key prefix ``MooncakeStoreWorker.__init__`` builds (``KeyMetadata`` from the model
     path's basename, the ranks, ``cache_prefix`` and the store namespace) for rank 0."""
-    from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.data import (
-        KeyMetadata,
-        PoolKey,
-    )
+    import importlib
+
+    from tailproof.conformance.vllm_release import mooncake_layout_module
+
+    layout = importlib.import_module(mooncake_layout_module())  # data.py on 0.33, layout.py
+    KeyMetadata, PoolKey = layout.KeyMetadata, layout.PoolKey  # noqa: N806
 
     meta = KeyMetadata(model_name=vc.model_config.model.rstrip("/").split("/")[-1],
                        tp_rank=0, pcp_rank=0, dcp_rank=0, pp_rank=0, cache_prefix="",
