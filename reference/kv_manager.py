@@ -31,12 +31,17 @@ class KVCacheManager:
         self, request: Request, max_cache_hit_length: int | None = None
     ) -> tuple[Blocks, int, int]:
         """mirrors KVCacheManager.get_computed_blocks: no state change; the last token is always
-        recomputed unless a bound is given. The third value is ``shared_prefix_boundary``: the
-        hit plus the prefix only attention has cached (the junction), 0 when there is none."""
+        recomputed unless a bound is given (0.33), or always (0.34 clamps an explicit bound with
+        ``Request.get_max_cache_hit_length``: ``Release.clamp_lookup_bound``). The third value
+        is ``shared_prefix_boundary``: the hit plus the prefix only attention has cached (the
+        junction), 0 when there is none."""
         if not self.enable_caching:
             return self.empty_blocks(), 0, 0
+        last = request.num_tokens - 1
         if max_cache_hit_length is None:
-            max_cache_hit_length = request.num_tokens - 1
+            max_cache_hit_length = last
+        elif self.geo.release.clamp_lookup_bound:
+            max_cache_hit_length = min(last, max_cache_hit_length)
         blocks, hit, num_uncached = self.coordinator.find_longest_cache_hit(
             request.block_hashes, max_cache_hit_length
         )
