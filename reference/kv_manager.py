@@ -9,6 +9,7 @@ from tailproof.reference.coordinator import Coordinator
 from tailproof.reference.geometry import MAMBA_ALIGN, Geometry
 from tailproof.reference.request import Request
 from tailproof.spec.arithmetic import cdiv
+from tailproof.spec.arithmetic import max_cache_hit_length as max_cache_hit_length_of
 
 Blocks = list[list[Block]]  # per group
 
@@ -37,11 +38,11 @@ class KVCacheManager:
         junction), 0 when there is none."""
         if not self.enable_caching:
             return self.empty_blocks(), 0, 0
-        last = request.num_tokens - 1
         if max_cache_hit_length is None:
-            max_cache_hit_length = last
-        elif self.geo.release.clamp_lookup_bound:
-            max_cache_hit_length = min(last, max_cache_hit_length)
+            max_cache_hit_length = request.num_tokens - 1
+        else:
+            max_cache_hit_length = max_cache_hit_length_of(
+                request.num_tokens, max_cache_hit_length, self.geo.release.clamp_lookup_bound)
         blocks, hit, num_uncached = self.coordinator.find_longest_cache_hit(
             request.block_hashes, max_cache_hit_length
         )
