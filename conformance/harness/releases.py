@@ -70,5 +70,5 @@ class ReleaseGate:
             return None
         op = self.trace.ops[at]["op"]
         return (f"{name}: config.vllm is {self.trace.config.vllm}: the installed vLLM "
-                f"{self.installed} behaves differently from ops[{at}] ({op}) on "
-                "(docs/releases.md); its counterpart for the installed release runs instead")
+                f"{self.installed} differs from it at ops[{at}] ({op}) (docs/releases.md); "
+                f"a {self.installed} counterpart of the case runs instead")
