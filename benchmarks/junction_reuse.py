@@ -119,8 +119,9 @@ def run(variant: str, system: int, turns: int, output: int, seed: int,
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher
-    from vllm.v1.outputs import ModelRunnerOutput
     from vllm.v1.request import Request
+
+    from tailproof.conformance.vllm_release import model_runner_output
 
     num_blocks = 4096 * (BLOCK // fa_block)
     sched = make_scheduler(variant != "off", variant == "flag+eagle", num_blocks, max_batched,
@@ -171,8 +172,7 @@ def run(variant: str, system: int, turns: int, output: int, seed: int,
             req = live[rid][1]
             done = req.num_computed_tokens >= req.num_tokens
             sampled.append([3 + (len(req.all_token_ids) * 7) % 400] if done else [])
-        mro = ModelRunnerOutput(req_ids=rids, req_id_to_index={r: i for i, r in enumerate(rids)},
-                                sampled_token_ids=sampled)
+        mro = model_runner_output(rids, sampled_token_ids=sampled)
         outs = sched.update_from_output(so, mro)
         for o in outs.values():
             for x in o.outputs:

@@ -99,15 +99,14 @@ def _step_without_connector(e: Any) -> Any:
     every request whose prefill is done (as ``WorkerRanks`` does, without workers)."""
     from types import SimpleNamespace
 
-    from vllm.v1.outputs import ModelRunnerOutput
+    from tailproof.conformance.vllm_release import model_runner_output
 
     so = e.sched.schedule()
     rids = list(so.num_scheduled_tokens)
     reqs = e.sched.requests
     sampled = [[e.next_token(reqs[r])] if reqs[r].num_computed_tokens >= reqs[r].num_tokens
                else [] for r in rids]
-    mro = ModelRunnerOutput(req_ids=rids, req_id_to_index={r: i for i, r in enumerate(rids)},
-                            sampled_token_ids=sampled)
+    mro = model_runner_output(rids, sampled_token_ids=sampled)
     eco = e.sched.update_from_output(so, mro)
     done = [x.request_id for o in eco.values() for x in o.outputs if x.finish_reason is not None]
     return SimpleNamespace(finished=done, preempted=list(so.preempted_req_ids or ()))

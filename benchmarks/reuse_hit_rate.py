@@ -118,15 +118,14 @@ class DeviceOnly:
     copy_bytes = 0  # no snapshot copies without a connector
 
     def step(self) -> tuple[dict[str, int], list[str], int, int]:
-        from vllm.v1.outputs import ModelRunnerOutput
+        from tailproof.conformance.vllm_release import model_runner_output
 
         so = self.sched.schedule()
         reqs = self.sched.requests
         rids = list(so.num_scheduled_tokens)
         sampled = [[self.next_token(reqs[r])] if reqs[r].num_computed_tokens >= reqs[r].num_tokens
                    else [] for r in rids]
-        mro = ModelRunnerOutput(req_ids=rids, req_id_to_index={r: i for i, r in enumerate(rids)},
-                                sampled_token_ids=sampled)
+        mro = model_runner_output(rids, sampled_token_ids=sampled)
         outs = self.sched.update_from_output(so, mro)
         done = [x.request_id for o in outs.values() for x in o.outputs
                 if x.finish_reason is not None]

@@ -233,7 +233,9 @@ class BenchEngine:
                 self.kv[name][mb].fill_(end % 253 - 126)
 
     def step(self) -> None:
-        from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+        from vllm.v1.outputs import KVConnectorOutput
+
+        from tailproof.conformance.vllm_release import model_runner_output
 
         t0 = time.perf_counter()
         so = self.sched.schedule()
@@ -278,8 +280,7 @@ class BenchEngine:
         for rid in rids:
             req = self.sched.requests[rid]
             sampled.append([7] if req.num_computed_tokens >= req.num_tokens else [])
-        mro = ModelRunnerOutput(req_ids=rids, req_id_to_index={r: i for i, r in enumerate(rids)},
-                                sampled_token_ids=sampled, kv_connector_output=kvo)
+        mro = model_runner_output(rids, sampled_token_ids=sampled, kv_connector_output=kvo)
         self.sched.update_from_output(so, mro)
         now = time.perf_counter()  # the jobs reported this step have their pins released now
         for jid in done_ids:

@@ -123,8 +123,9 @@ def request(rid: str, tokens: list[int]) -> Any:
 def run(variant: str, length: int, waiting: int,
         running: int = RUNNING) -> tuple[float, int, int]:
     """Seconds of scheduler-thread time over R's prefill steps, steps, keys probed."""
-    from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+    from vllm.v1.outputs import KVConnectorOutput
 
+    from tailproof.conformance.vllm_release import model_runner_output
     from tailproof.impl.meta import TailproofWorkerMeta
 
     rnd = random.Random(length * 1000 + waiting)
@@ -160,9 +161,7 @@ def run(variant: str, length: int, waiting: int,
             # schedule() already advanced num_computed_tokens: a finished prefill samples
             sampled = [[7] if sched.requests[r].num_computed_tokens >= sched.requests[r].num_tokens
                        else [] for r in rids]
-            mro = ModelRunnerOutput(req_ids=rids, req_id_to_index={r: i for i, r in
-                                                                   enumerate(rids)},
-                                    sampled_token_ids=sampled, kv_connector_output=kvo)
+            mro = model_runner_output(rids, sampled_token_ids=sampled, kv_connector_output=kvo)
             t0 = time.perf_counter()
             sched.update_from_output(so, mro)
             total += time.perf_counter() - t0

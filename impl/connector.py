@@ -229,15 +229,18 @@ class TailproofConnector(KVConnectorBase_V1, SupportsHMA):
         """The scheduler hook (``tailproof.impl.vllm_plugin``, contract
         ``tailproof-scheduler-hook/1``): with ``junction_checkpoints`` on, make vLLM 0.33's
         junction stop exact (``Scheduler.mamba_shared_prefix_checkpoint``; vLLM sets it only
-        with an EAGLE Mamba group). Refused on any other vLLM version (its names are 0.33's)."""
+        with an EAGLE Mamba group). Refused on any vLLM but 0.33 and 0.34: the names it sets
+        (``Scheduler.mamba_shared_prefix_checkpoint`` / ``mamba_partial_cache_hit``,
+        ``KVCacheManager.mamba_shared_prefix_checkpoint``, ``MambaManager.
+        shared_prefix_checkpoint``) and the split that reads them are the same in both."""
         side = self.scheduler_side
         if side is None or not self.settings.junction_checkpoints:
             return
         import vllm
 
-        if not str(vllm.__version__).startswith("0.33."):
-            logger.error("TailproofConnector: junction_checkpoints needs vLLM 0.33 (running %s); "
-                         "no junction stops", vllm.__version__)
+        if not str(vllm.__version__).startswith(("0.33.", "0.34.")):
+            logger.error("TailproofConnector: junction_checkpoints needs vLLM 0.33 or 0.34 "
+                         "(running %s); no junction stops", vllm.__version__)
             return
         if not getattr(scheduler, "mamba_partial_cache_hit", False):
             logger.error("TailproofConnector: junction_checkpoints needs partial hash hits (a "

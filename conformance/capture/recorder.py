@@ -1,4 +1,5 @@
-"""Record what a live vLLM 0.33 scheduler does to its KV cache as a tailproof-trace/1 file.
+"""Record what a live vLLM scheduler (0.33 or 0.34) does to its KV cache as a tailproof-trace/1
+file.
 
 ``Recorder.attach(scheduler, path)`` wraps the scheduler's ``KVCacheManager`` (on the
 instance; vLLM's code is not changed) and writes one trace op per manager call the trace
@@ -34,9 +35,11 @@ derives the ops from them (``op_builder.OpBuilder``: request shadows, pending hi
 prefix sharing, redaction) and encodes and writes them in order
 (``writer.BackgroundWriter``).
 
-Manager calls the format does not model (``cache_blocks`` outside a landed load,
-``pop_blocks_for_free`` of deferred frees, ``get_computed_blocks_for_connector``...) are
-counted under ``provenance.unmodelled``: a trace that has any may not replay faithfully.
+Manager calls the format does not model (``cache_blocks`` outside a landed load that caches
+anything, ``pop_blocks_for_free`` of deferred frees, ``get_computed_blocks_for_connector``...)
+are counted under ``provenance.unmodelled``: a trace that has any may not replay faithfully.
+(vLLM 0.34's synchronous hybrid engines call ``cache_blocks`` after every step: a no-op, which
+the recorder checks call by call and does not count.)
 """
 
 from __future__ import annotations
@@ -51,14 +54,23 @@ from tailproof.conformance.capture.connector_config import ConnectorConfigError,
 from tailproof.conformance.capture.op_builder import OpBuilder
 from tailproof.conformance.capture.writer import BackgroundWriter, TraceWriter
 from tailproof.conformance.format.trace import FORMAT_TAG
+from tailproof.conformance.vllm_release import hash_map_entries
 
 RECORDER_VERSION = "tailproof-recorder/2"
 #: ops queued on the step path before they are handed to the writer thread (at a step end)
 HAND_OVER_OPS = 256
 
-# Manager methods counted as unmodelled when called (``install`` lists the recorded ones).
+# Manager methods counted as unmodelled when called (``install`` lists the recorded ones);
+# ``cache_blocks`` only when the call changed something (``_cache_blocks``).
 UNMODELLED = ("cache_blocks", "pop_blocks_for_free", "get_computed_blocks_for_connector",
               "record_blocks_for_zeroing", "remove_skipped_blocks")
+#: The ``BlockPool`` methods through which ``KVCacheManager.cache_blocks`` changes anything,
+#: for the groups a trace can hold (full attention, Mamba align; vLLM 0.33 and 0.34,
+#: ``SingleTypeKVCacheManager.cache_blocks``, ``FullAttentionManager`` and ``MambaManager``
+#: ``cache_blocks`` / ``_cache_partial_tail_block``): every key, cached-block count, hand-off
+#: or partial-hit entry they write follows a call to one of these. A call that reaches none
+#: of them is a no-op on everything a trace observes.
+POOL_WRITES = ("cache_full_blocks", "cache_partial_block", "_maybe_evict_cached_block")
 
 
 class RecorderUnsupported(ValueError):
@@ -232,7 +244,8 @@ class Recorder:
             setattr(mgr, name, functools.wraps(getattr(mgr, name))(make(getattr(mgr, name))))
         for name in UNMODELLED:
             if hasattr(mgr, name):
-                setattr(mgr, name, self._count(getattr(mgr, name), name))
+                wrap = self._cache_blocks if name == "cache_blocks" else self._count
+                setattr(mgr, name, wrap(getattr(mgr, name), name))
         orig = sched._free_cow_retained_blocks
         sched._free_cow_retained_blocks = functools.wraps(orig)(self._release(orig))
         orig = sched._update_waiting_for_remote_kv
@@ -421,6 +434,35 @@ class Recorder:
             return orig(*args, **kwargs)
         return call
 
+    def _cache_blocks(self, orig: Any, name: str) -> Any:
+        """``cache_blocks`` outside a landed load: counted as unmodelled only when it changed
+        something (it reached one of ``POOL_WRITES``). vLLM 0.34's ``update_from_output``
+        calls it for every running request of a synchronous hybrid engine ("Publish finalized
+        states before retirement or completion"); there it repeats what ``allocate_slots``
+        already cached, a no-op this check proves call by call instead of trusting."""
+        calls, pool = self._calls, self.pool
+
+        @functools.wraps(orig)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if self._depth:
+                return orig(*args, **kwargs)
+            wrote: list[str] = []
+            saved = {n: pool.__dict__[n] for n in POOL_WRITES if n in pool.__dict__}
+            for n in POOL_WRITES:
+                setattr(pool, n, _spy(getattr(pool, n), n, wrote))
+            try:
+                out = orig(*args, **kwargs)
+            finally:
+                for n in POOL_WRITES:
+                    if n in saved:
+                        setattr(pool, n, saved[n])
+                    else:
+                        delattr(pool, n)
+            if wrote:
+                calls[name] = calls.get(name, 0) + 1
+            return out
+        return call
+
     # -- queueing (also used by the connector recorder) ----------------------------------
     def _pre(self, req: Any) -> tuple[Any, ...]:
         return (req, len(req._all_token_ids), len(req.block_hashes), req.num_computed_tokens,
@@ -472,12 +514,17 @@ class Recorder:
             while b is not None and b is not q.fake_free_list_tail:
                 order.append(b.block_id)
                 b = b.next_free_block
-            keys = []
-            for key, val in pool.cached_block_hash_to_block._cache.items():
-                blocks = val.values() if isinstance(val, dict) else [val]
-                keys.append((bytes(key[:-4]), int.from_bytes(key[-4:], "big"),
-                             [blk.block_id for blk in blocks]))
+            keys = [(bytes(key[:-4]), int.from_bytes(key[-4:], "big"), ids)
+                    for key, ids in hash_map_entries(pool.cached_block_hash_to_block)]
             self._push((self.builder.pool_state, refs, order, keys, q.num_free_blocks))
+
+
+def _spy(method: Any, name: str, wrote: list[str]) -> Any:
+    """``method``, noting its name in ``wrote`` when called."""
+    def call(*args: Any, **kwargs: Any) -> Any:
+        wrote.append(name)
+        return method(*args, **kwargs)
+    return call
 
 
 def _request_status() -> Any:

@@ -239,6 +239,10 @@ def _vllm_line(info: vllm_compat.VllmInfo) -> str:
 def _conformance(args: argparse.Namespace, traces: list[Trace], adapters: list[str],
                  strict: bool, progress: bool) -> tuple[list[CaseResult], float]:
     t0 = time.perf_counter()
+    why = vllm_compat.token_id_refusal(traces, adapters)
+    if why is not None:
+        raise UsageError(why, "use smaller token ids, or run the reference adapter only "
+                              "(--adapters reference / --against reference)")
     with contextlib.ExitStack() as stack:
         options = _impl_options(args, adapters, stack)
         results = run_all(traces, adapters, strict, progress, options)

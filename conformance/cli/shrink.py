@@ -29,6 +29,9 @@ def cmd_shrink(args: argparse.Namespace) -> int:
     info = vllm_compat.inspect_vllm(wanted)
     adapters, _ = resolve_adapters(wanted, skip_missing=False, info=info)
     (trace,) = load_all([args.trace])
+    why = vllm_compat.token_id_refusal([trace], adapters)
+    if why is not None:
+        raise UsageError(why, "use smaller token ids, or shrink against the reference only")
     out = sys.stderr if args.json else sys.stdout
     res = shrink(trace, adapters, args.strict_ids,
                  log=lambda m: print(f"  {m}", file=sys.stderr))

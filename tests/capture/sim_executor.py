@@ -57,7 +57,7 @@ class SimWorker:
         return None
 
     def sample_tokens(self, grammar_output: Any) -> Any:
-        from vllm.v1.outputs import ModelRunnerOutput
+        from tailproof.conformance.vllm_release import model_runner_output
 
         so = self.pending
         rids = list(so.num_scheduled_tokens)
@@ -69,9 +69,7 @@ class SimWorker:
             if done:
                 toks.append(tok)
             sampled.append([tok] if done else [])
-        return ModelRunnerOutput(req_ids=rids,
-                                 req_id_to_index={r: i for i, r in enumerate(rids)},
-                                 sampled_token_ids=sampled)
+        return model_runner_output(rids, sampled_token_ids=sampled)
 
     def take_draft_token_ids(self) -> None:
         return None

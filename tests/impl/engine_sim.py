@@ -81,13 +81,14 @@ def kv_cache_config(num_blocks: int, groups: tuple[tuple[str, int], ...], h: int
 
 
 class Engine:
-    """One engine: real Scheduler + N simulated workers, each with a worker connector."""
+    """One engine: real Scheduler + N simulated workers, each with a worker connector.
+    ``model_runner``: the workers' order (``WorkerRanks``; unset: V1 on 0.33, V2 on 0.34)."""
 
     def __init__(self, extra: dict[str, Any] | None = None, *, num_blocks: int = 64,
                  groups: tuple[tuple[str, int], ...] = GROUPS, h: int = 4,
                  num_workers: int = 1, kv_role: str = "kv_both", max_batched: int = 2048,
                  failure_policy: str = "recompute", settle: bool = True,
-                 max_model_len: int = 4096, model_runner: str = "v1"):
+                 max_model_len: int = 4096, model_runner: str | None = None):
         from vllm.utils.hashing import sha256
         from vllm.v1.core.kv_cache_utils import init_none_hash
         from vllm.v1.core.sched.scheduler import Scheduler

@@ -33,14 +33,14 @@ ADAPTERS: dict[str, AdapterSpec] = {a.name: a for a in [
     AdapterSpec("reference", _REF_CORE,
                 "tailproof.conformance.harness.adapters.reference_connector:ReferenceConnector",
                 "pure-Python reference model (core + connector)"),
-    AdapterSpec("vllm", _VLLM_CORE, None, "vLLM 0.33 KVCacheManager (core ops only)",
+    AdapterSpec("vllm", _VLLM_CORE, None, "vLLM KVCacheManager, 0.33 or 0.34 (core ops only)",
                 runs_extension=False),
     AdapterSpec("vllm-mooncake", _VLLM_CORE,
                 "tailproof.conformance.harness.adapters.vllm_mooncake:VllmMooncakeConnector",
-                "vLLM 0.33 KVCacheManager + MooncakeStoreScheduler + sending thread",
+                "vLLM KVCacheManager + MooncakeStoreScheduler + sending thread",
                 runs_extension=False),
     AdapterSpec("impl", _VLLM_CORE, "tailproof.conformance.harness.adapters.impl:ImplConnector",
-                "vLLM 0.33 KVCacheManager + TailproofConnector with real KV tensors",
+                "vLLM KVCacheManager + TailproofConnector with real KV tensors",
                 takes_options=True),
 ]}
 

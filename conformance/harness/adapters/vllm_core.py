@@ -1,4 +1,5 @@
-"""``CoreBackend`` over vLLM 0.33's real ``KVCacheManager`` on CPU (the peer nobody here wrote).
+"""``CoreBackend`` over vLLM's real ``KVCacheManager`` on CPU (0.33 or 0.34: the peer nobody
+here wrote).
 
 Chunks are planned by the scheduler's own ``Scheduler._mamba_block_aligned_split``, called
 unbound on a stand-in ``self`` that carries exactly the attributes it reads. Hash keys are
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from tailproof.conformance.format.trace import TraceConfig
 from tailproof.conformance.harness.adapters.core_base import ManagerBackend
 from tailproof.conformance.harness.backend import KVObserver
+from tailproof.conformance.vllm_release import hash_map_entries, resumed_as_cached
 
 if TYPE_CHECKING:
     from tailproof.conformance.harness.adapters.base import ConnStep
@@ -286,36 +288,41 @@ class VllmCoreBackend(ManagerBackend):
 
     def keys(self) -> list[tuple[int, int, int]]:
         out = []
-        for key, val in self.block_pool.cached_block_hash_to_block._cache.items():
+        for key, ids in hash_map_entries(self.block_pool.cached_block_hash_to_block):
             group = int.from_bytes(key[-4:], "big")
             boundary = self._boundary(bytes(key[:-4]))
-            blocks = val.values() if isinstance(val, dict) else [val]
-            out.extend((group, boundary, b.block_id) for b in blocks)
+            out.extend((group, boundary, b) for b in ids)
         return sorted(out)
 
 
 def scheduler_output(step: ConnStep) -> SimpleNamespace:
     """A stand-in ``SchedulerOutput`` with exactly the fields a connector's
-    ``build_connector_meta`` reads, for one ``conn_step``. Cached requests list running ones
-    first, then resumed (SC:1939)."""
+    ``build_connector_meta`` reads, for one ``conn_step``, in the installed release's shape
+    (``resumed_as_cached``): on 0.33 (Model Runner V1) cached requests list running ones
+    first, then resumed ones (SC:1939), and new requests carry no ``prefill_token_ids``; on
+    0.34 (``Scheduler.schedule``) a resumed request is a new one, in admission order, and every
+    new request carries ``prefill_token_ids``: the prompt plus any outputs."""
     from vllm.v1.core.sched.output import KVConnectorBlockState
 
+    as_cached = resumed_as_cached()
     new_reqs, cached = [], []
     for row in step.rows:
-        if row.kind == "new":
+        if row.kind == "new" or (row.kind == "resumed" and not as_cached):
+            req = step.ctx.request(row.rid)
             new_reqs.append(SimpleNamespace(
                 req_id=row.rid, block_ids=tuple(list(g) for g in row.block_ids),
                 num_computed_tokens=row.computed,
-                prompt_token_ids=step.ctx.request(row.rid).prompt_token_ids,
-                prefill_token_ids=None))
+                prompt_token_ids=req.prompt_token_ids,
+                prefill_token_ids=None if as_cached else list(req.all_token_ids)))
         else:
             cached.append(row)
     cached.sort(key=lambda r: r.kind == "resumed")
     cached_data = SimpleNamespace(
         req_ids=[r.rid for r in cached],
-        resumed_req_ids={r.rid for r in cached if r.kind == "resumed"},
         new_block_ids=[r.block_ids if any(r.block_ids) else None for r in cached],
         num_computed_tokens=[r.computed for r in cached])
+    if as_cached:
+        cached_data.resumed_req_ids = {r.rid for r in cached if r.kind == "resumed"}
     block_state = KVConnectorBlockState(
         req_ids={r.rid for r in step.rows} | set(step.offloads),
         resolve_block_ids=lambda rid: tuple(list(g) for g in step.resolve(rid) or ()),

@@ -1,4 +1,5 @@
-"""Connector adapter over vLLM 0.33's own Mooncake store code, without ZMQ, threads or GPUs.
+"""Connector adapter over vLLM's own Mooncake store code (0.33 or 0.34), without ZMQ, threads
+or GPUs.
 
 - scheduler role: a real ``MooncakeStoreScheduler`` built with ``object.__new__`` and the
   attributes its ``__init__`` sets (MS:138-205), bound to the real ``BlockPool`` of the vLLM core
@@ -17,6 +18,7 @@ concern outside what a trace can observe.
 from __future__ import annotations
 
 import copy
+import inspect
 import logging
 import threading
 from types import SimpleNamespace
@@ -30,10 +32,13 @@ from tailproof.conformance.harness.adapters.base import (
     store_context,
 )
 from tailproof.conformance.harness.adapters.vllm_core import scheduler_output
+from tailproof.conformance.vllm_release import mooncake_layout_module
 from tailproof.reference.connector.store import ScriptedStore
 
 
 def _m() -> SimpleNamespace:
+    import importlib
+
     from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.coordinator import (
         MooncakeStoreCoordinator,
     )
@@ -41,7 +46,6 @@ def _m() -> SimpleNamespace:
         ChunkedTokenDatabase,
         KeyMetadata,
         MooncakeStoreWorkerMetadata,
-        PoolKey,
     )
     from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.scheduler import (
         MooncakeStoreScheduler,
@@ -52,6 +56,7 @@ def _m() -> SimpleNamespace:
     )
     from vllm.v1.kv_cache_interface import MambaSpec
 
+    pool_key = importlib.import_module(mooncake_layout_module()).PoolKey
     # Scripted store failures make the sending thread log warnings and errors by design.
     # (Set once: each setLevel clears the cache of every logger.)
     for mod in ("worker", "scheduler"):
@@ -62,7 +67,7 @@ def _m() -> SimpleNamespace:
     return SimpleNamespace(
         MooncakeStoreCoordinator=MooncakeStoreCoordinator,
         ChunkedTokenDatabase=ChunkedTokenDatabase, KeyMetadata=KeyMetadata,
-        MooncakeStoreWorkerMetadata=MooncakeStoreWorkerMetadata, PoolKey=PoolKey,
+        MooncakeStoreWorkerMetadata=MooncakeStoreWorkerMetadata, PoolKey=pool_key,
         MooncakeStoreScheduler=MooncakeStoreScheduler,
         KVCacheStoreSendingThread=KVCacheStoreSendingThread,
         MooncakeStoreWorker=MooncakeStoreWorker,
@@ -101,6 +106,9 @@ def store_ranks(coord: Any, store_groups: list[Any], lcm: int, h: int, num_worke
             tuple(m.PoolKey.build_prefix(db.metadata, tp_rank=rank)
                   for rank in range(num_workers)) for db in dbs[r])
         w._record_kv_connector_operation = lambda *a, **k: None
+        # 0.34 (MooncakeStoreWorker.__init__): lookups probe through a selective lease only
+        # with VLLM_MOONCAKE_STORE_SELECTIVE_LEASE; lookup reads the attribute either way.
+        w._selective_lease = None
         w.kv_send_thread = threads[r]
         w.finished_store_req = set()
         workers.append(w)
@@ -139,6 +147,11 @@ class LookupClient:
     def discard(self, req_id: str) -> None:
         return None
 
+    def prefetch(self, req_id: str, num_tokens: int, block_hashes: Any) -> bool:
+        """0.34's ``LookupKeyClient.prefetch`` with no prefetch slot (``lookup_prefetch_limit``
+        0, its default): the scheduler looks up as usual."""
+        return False
+
 
 class VllmMooncakeConnector(ConnectorAdapter):
     """vLLM's Mooncake store connector (see module docstring); the core backend is used only
@@ -152,10 +165,15 @@ class VllmMooncakeConnector(ConnectorAdapter):
         lcm = config.scheduler_block_size
         alignment = h if core_backend.partial_hits else lcm
         store_groups = list(kv_config.prefix_cacheable_groups)
+        # 0.34 (MooncakeStoreCoordinator.from_kv_cache_config) also passes the engine's
+        # num_hash_lookahead_tokens; a trace's engine hashes no lookahead (the core backend's
+        # split runs with 0), which is 0.33's coordinator.
+        lookahead = ({"num_hash_lookahead_tokens": 0} if "num_hash_lookahead_tokens"
+                     in inspect.signature(m.MooncakeStoreCoordinator).parameters else {})
         self.coord = m.MooncakeStoreCoordinator(
             store_groups, lcm, h, use_eagle=config.use_eagle,
             retention_interval=kv_config.prefix_cache_retention_interval,
-            enable_partial_hash_hits=alignment < lcm)
+            enable_partial_hash_hits=alignment < lcm, **lookahead)
         self.store = _Store()
         self.num_workers = n = self.conf["num_workers"]
         role = KV_ROLE[self.conf["role"]]
@@ -195,6 +213,7 @@ class VllmMooncakeConnector(ConnectorAdapter):
         s._unfinished_requests = {}
         s._unfinished_request_ids = set()
         s._finished_partial_tail_metas = {}
+        s._finished_lookahead_metas = {}  # 0.34: finish-time saves of lookahead hashes
         s.bind_gpu_block_pool(core_backend.block_pool)
         return s
 
@@ -273,4 +292,6 @@ class VllmMooncakeConnector(ConnectorAdapter):
         return self.sched.get_num_new_matched_tokens(req, num_computed)
 
     def store_key(self, rank: int, group: int, block_hash: Any) -> str:
-        return self.dbs[rank][group].key_for(block_hash)
+        # RankLocalStoreLayout.key_for(0, hash): what 0.33's ChunkedTokenDatabase.key_for
+        # returned; 0.34 removed that method and keeps the layout's.
+        return self.dbs[rank][group].store_layout.key_for(0, block_hash)

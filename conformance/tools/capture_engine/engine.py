@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from tailproof.conformance.vllm_release import model_runner_output
 from tailproof.spec.arithmetic import lcm_all
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -131,8 +132,6 @@ class CaptureEngine:
     # -- stepping -----------------------------------------------------------------------
     def step(self) -> dict[str, int]:
         """One engine step: ``schedule``, sample, ``update_from_output``."""
-        from vllm.v1.outputs import ModelRunnerOutput
-
         so = self.sched.schedule()
         if self.ranks is not None:
             mro, log = self.ranks.step(self.sched, so, self.next_token)
@@ -148,8 +147,7 @@ class CaptureEngine:
             req = reqs[rid]
             done = req.num_computed_tokens >= req.num_tokens
             sampled.append([self.next_token(req)] if done else [])
-        mro = ModelRunnerOutput(req_ids=rids, req_id_to_index={r: i for i, r in enumerate(rids)},
-                                sampled_token_ids=sampled)
+        mro = model_runner_output(rids, sampled_token_ids=sampled)
         self.sched.update_from_output(so, mro)
         self.steps += 1
         return dict(so.num_scheduled_tokens)

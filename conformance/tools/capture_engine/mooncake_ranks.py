@@ -28,6 +28,7 @@ from typing import Any
 from tailproof.conformance.capture.connector_recorder import REFUSALS
 from tailproof.conformance.harness.adapters.vllm_mooncake import LookupClient, store_ranks
 from tailproof.conformance.tools.capture_engine.workers import StepLog
+from tailproof.conformance.vllm_release import model_runner_output
 from tailproof.reference.connector.store import ScriptedStore, StoreRaised, codes_for
 
 _ROLE_OK = ("kv_producer", "kv_both")
@@ -145,7 +146,7 @@ class MooncakeRanks:
         from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.data import (
             MooncakeStoreWorkerMetadata,
         )
-        from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+        from vllm.v1.outputs import KVConnectorOutput
 
         meta = so.kv_connector_metadata
         log = StepLog(dict(so.num_scheduled_tokens))
@@ -170,9 +171,8 @@ class MooncakeRanks:
                 req = reqs[rid]
                 sampled.append([next_token(req)] if req.num_computed_tokens >= req.num_tokens
                                else [])
-            outs.append(ModelRunnerOutput(req_ids=rids,
-                                          req_id_to_index={r: i for i, r in enumerate(rids)},
-                                          sampled_token_ids=sampled, kv_connector_output=kvo))
+            outs.append(model_runner_output(rids, sampled_token_ids=sampled,
+                                            kv_connector_output=kvo))
         return self.agg.aggregate(outs), log
 
     def shutdown(self) -> None:

@@ -8,13 +8,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tailproof.conformance.capture.recorder import Recorder
+from tailproof.conformance.harness.vllm_compat import installed_release
 from tailproof.conformance.tools.capture_engine.engine import DEFAULT_GROUPS, CaptureEngine
 from tailproof.conformance.tools.capture_engine.workloads import GEOMETRIES, WORKLOADS
 
 CONNECTORS = ("none", "tailproof", "mooncake")
 _CONNECTOR_DESC = {
     "tailproof": "TailproofConnector (memory store, {n} in-process worker rank(s))",
-    "mooncake": "vLLM 0.33's MooncakeStoreConnector (embedded in-memory store in place of a "
+    "mooncake": "vLLM {release}'s MooncakeStoreConnector (embedded in-memory store in place of a "
                 "Mooncake master, {n} in-process worker rank(s), loads landing in the step "
                 "that issued them)",
 }
@@ -32,7 +33,8 @@ class CaptureResult:
     unmodelled: dict[str, int]
 
 
-#: Workloads that cannot run with vLLM's own connector, and why (vLLM 0.33 behaviour).
+#: Workloads that cannot run with vLLM's own connector, and why (vLLM 0.33 behaviour; 0.34
+#: still preempts outside schedule(), and then also trips an assert: docs/triage.md).
 #: ``TailproofConnector`` issues those loads (``impl.scheduler_side``, "re-admission").
 MOONCAKE_UNSUPPORTED = {
     "resend": "vLLM 0.33's reset_prefix_cache(reset_running_requests=True) preempts outside "
@@ -72,13 +74,14 @@ def capture(workload: str, path: str | Path, *, seed: int = 0, connector: str = 
     workers = (w.num_workers or 1) if connector != "none" else None
     engine = CaptureEngine(groups=groups, h=h, seed=seed, num_workers=workers,
                            connector=connector, **w.engine)
+    release = installed_release()
     name = (f"cap_{workload}" + (f"_{geometry}" if geometry else "")
             + ("_mooncake" if connector == "mooncake" else "") + (f"_s{seed}" if seed else ""))
     desc = (f"Captured by `tailproof capture --workload {workload} --seed {seed}"
             + (f" --geometry {geometry}" if geometry else "")
-            + (f" --connector {connector}" if workers else "") + "` from vLLM 0.33's real "
-            "Scheduler on CPU" + (" with " + _CONNECTOR_DESC[connector].format(n=workers)
-                                  if workers else "")
+            + (f" --connector {connector}" if workers else "") + f"` from vLLM {release}'s "
+            "real Scheduler on CPU" + (" with " + _CONNECTOR_DESC[connector].format(
+                n=workers, release=release) if workers else "")
             + f". {' '.join(w.description.split())}")
     plan = None
     if workers and w.store_plan is not None:

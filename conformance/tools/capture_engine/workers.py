@@ -1,10 +1,11 @@
 """In-process worker ranks for an engine whose scheduler runs ``TailproofConnector``.
 
-Plays the GPU worker's side of each engine step in the order of vLLM 0.33's
-``KVConnectorModelRunnerMixin``: apply the step's CoW copies, bind the metadata, "forward"
-(``SimRunner`` writes prefix-derived bytes), ``start_load_kv``, ``wait_for_save``, transfer
-results, load errors, stats, worker metadata; or, with ``model_runner="v2"``, through Model
-Runner V2's own ``ActiveKVConnector`` (``v1/worker/gpu/kv_connector.py``: it registers the
+Plays the GPU worker's side of each engine step in the order of vLLM 0.33's Model Runner V1
+(``KVConnectorModelRunnerMixin``, ``model_runner="v1"``, the default on 0.33): apply the step's
+CoW copies, bind the metadata, "forward" (``SimRunner`` writes prefix-derived bytes),
+``start_load_kv``, ``wait_for_save``, transfer results, load errors, stats, worker metadata; or,
+with ``model_runner="v2"`` (the default on 0.34, which has no V1), through Model Runner V2's own
+``ActiveKVConnector`` (``v1/worker/gpu/kv_connector.py``: it registers the
 caches, then per step ``handle_preemptions``, ``bind_connector_metadata``, the forward,
 ``finish_forward``, asynchronous loads started after the forward, transfer results, and
 ``wait_for_save`` -- deferred to ``finalize_step`` after the results with ``"v2-deferred"``, as
@@ -19,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from tailproof.conformance.vllm_release import default_model_runner, model_runner_output
 
 
 @dataclass
@@ -66,7 +69,8 @@ class WorkerRanks:
 
     def __init__(self, vllm_config: Any, kv_cache_config: Any,
                  groups: tuple[tuple[str, int], ...], num_blocks: int, num_workers: int,
-                 *, layers: int = 1, settle: bool = True, model_runner: str = "v1") -> None:
+                 *, layers: int = 1, settle: bool = True,
+                 model_runner: str | None = None) -> None:
         from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
         from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
@@ -74,6 +78,8 @@ class WorkerRanks:
         from tailproof.conformance.harness.adapters.runner_sim import GroupShape, SimRunner
         from tailproof.impl.connector import TailproofConnector
 
+        if model_runner is None:  # the installed release's own order (0.34: V2 only)
+            model_runner = default_model_runner()
         if model_runner not in MODEL_RUNNERS:
             raise ValueError(f"model_runner: {model_runner!r} is not one of {MODEL_RUNNERS}")
         self.settle = settle
@@ -106,8 +112,6 @@ class WorkerRanks:
         """Run every rank's side of the step ``so`` scheduled; returns the aggregated
         ``ModelRunnerOutput`` (``next_token`` samples a request whose prefill is done) and
         the step's log."""
-        from vllm.v1.outputs import ModelRunnerOutput
-
         meta = so.kv_connector_metadata
         log = StepLog(dict(so.num_scheduled_tokens), list(meta.loads), list(meta.stores),
                       [(c.src_block_id, c.dst_block_id) for c in so.kv_cache_block_copies or ()])
@@ -128,9 +132,8 @@ class WorkerRanks:
                 req = reqs[rid]
                 done = req.num_computed_tokens >= req.num_tokens
                 sampled.append([next_token(req)] if done else [])
-            outs.append(ModelRunnerOutput(req_ids=rids,
-                                          req_id_to_index={r: i for i, r in enumerate(rids)},
-                                          sampled_token_ids=sampled, kv_connector_output=kvo))
+            outs.append(model_runner_output(rids, sampled_token_ids=sampled,
+                                            kv_connector_output=kvo))
         return self.agg.aggregate(outs), log
 
     def _v1_step(self, wc: Any, runner: Any, sched: Any, so: Any, log: StepLog, w: int) -> Any:
