@@ -14,9 +14,10 @@ from dataclasses import replace
 from functools import cache
 from typing import Any
 
+from tailproof.conformance.format.ops import CORE_OPS
 from tailproof.conformance.format.trace import Trace
 from tailproof.conformance.harness import vllm_compat
-from tailproof.conformance.harness.adapters import make_driver
+from tailproof.conformance.harness.adapters import ADAPTERS, make_driver
 from tailproof.reference.releases import RELEASES
 
 #: the adapters whose core is the installed vLLM
@@ -62,10 +63,17 @@ class ReleaseGate:
         return self._at
 
     def refusal(self, name: str) -> str | None:
-        """Why adapter ``name`` does not run the trace (None: it runs it)."""
+        """Why adapter ``name`` does not run the trace (None: it runs it). An adapter without
+        a connector observes the ops before the first connector op only (``CoreDriver.apply``):
+        a difference past them does not concern it."""
         if name not in VLLM_BACKED:
             return None
         at = self.first_difference()
+        ops = self.trace.ops
+        if ADAPTERS[name].connector is None:
+            observed = next((i for i, op in enumerate(ops) if op["op"] not in CORE_OPS),
+                            len(ops))
+            at = at if at is not None and at < observed else None
         if at is None:
             return None
         op = self.trace.ops[at]["op"]
