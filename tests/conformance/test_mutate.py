@@ -99,8 +99,11 @@ def test_corpus_kills_the_window_store_mutants(corpus_workload) -> None:  # noqa
     report = run_mutants(chosen, corpus_workload, jobs=2, timeout_s=240)
     killed = {r.id for r in report.results if r.status == KILLED}
     assert killed == {"mw-null-chunk-saved", "ms-tail-puts-null-accepted"}
-    # today by conn_w01 (the null reachable chunk) and conn_w02 (the null tail blocks)
-    assert all(r.killed_by["trace"].startswith("conn_w") for r in report.results)
+    # today by conn_w01 (the null reachable chunk) and conn_w02 (the null tail blocks) on
+    # vLLM 0.33; on 0.34 by their _v034 counterparts or conn_v034_missing_source_retried
+    windowed = {j.name for j in corpus_workload.jobs
+                if any(g.kind == "sliding_window" for g in j.config.groups)}
+    assert all(r.killed_by["trace"] in windowed for r in report.results)
 
 
 def test_cli_json_and_bad_module(capsys: pytest.CaptureFixture[str]) -> None:
