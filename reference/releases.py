@@ -17,30 +17,34 @@ class Release:
     """What one vLLM release does where the supported releases differ."""
 
     name: str
-    # 0.33 ``Scheduler._make_cached_request_data`` (Model Runner V1): a resumed request is a
-    # cached row, after the running ones, and ``MooncakeStoreScheduler.build_connector_meta``
-    # handles it in its resumed branch. 0.34 ``Scheduler.schedule`` ("A resumed request is
-    # re-sent in full, like a new one"): it is a ``NewRequestData``, in admission order, handled
-    # before the running requests with ``prefill_end_tokens = len(prefill_token_ids)``.
+    # 0.33 ``v1/core/sched/scheduler.py`` ``Scheduler._make_cached_request_data`` (Model Runner
+    # V1): a resumed request is a cached row, after the running ones, handled in the resumed
+    # branch of ``mooncake/store/scheduler.py`` ``MooncakeStoreScheduler.build_connector_meta``.
+    # 0.34 ``Scheduler.schedule`` (same module: "A resumed request is re-sent in full, like a
+    # new one"): a ``NewRequestData``, in admission order, handled before the running requests
+    # with ``prefill_end_tokens = len(prefill_token_ids)`` (``build_connector_meta``).
     resumed_as_new: bool
-    # 0.33 ``MooncakeStoreScheduler.build_connector_meta``: a preempted request's tracker is
-    # ``RequestTracker.reset()`` and kept. 0.34 (same function): it is popped
-    # (``RequestTracker.reset`` is gone from ``store/data.py``).
+    # 0.33 ``mooncake/store/scheduler.py`` ``MooncakeStoreScheduler.build_connector_meta``: a
+    # preempted request's tracker is ``RequestTracker.reset()`` and kept. 0.34 (same module and
+    # function): it is popped (``RequestTracker.reset`` is gone from ``mooncake/store/data.py``).
     preempted_tracker_dropped: bool
-    # 0.33 ``KVCacheStoreSendingThread._handle_request`` / ``_record_saved``: the offset becomes
-    # the job's length after any save that did not fail, unavailable source blocks skipped.
-    # 0.34 (``_handle_request`` / ``_record_saved_offset``): ``max(offset, length)``, recorded
-    # (and the pressure gate cleared) only when nothing failed and no source block was missing;
-    # a job at or below the offset returns at once.
+    # 0.33 ``mooncake/store/worker.py`` ``KVCacheStoreSendingThread._handle_request`` /
+    # ``_record_saved``: the offset becomes the job's length after any save that did not fail,
+    # unavailable source blocks skipped. 0.34 (same module, ``_handle_request`` /
+    # ``_record_saved_offset``): ``max(offset, length)``, recorded (and the pressure gate
+    # cleared) only when nothing failed and no source block was missing; a job at or below the
+    # offset returns at once.
     monotone_saved_offset: bool
-    # 0.33 ``MooncakeStoreScheduler._handle_boundary_state_offloads`` (called only for
-    # producers): boundaries past ``prefill_end_tokens`` are dropped (vllm#56972). 0.34 (same
-    # function, called when ``not is_consumer or save_decode_cache``): with
+    # 0.33 ``mooncake/store/scheduler.py`` ``MooncakeStoreScheduler.
+    # _handle_boundary_state_offloads`` (``build_connector_meta`` calls it for producers only):
+    # boundaries past ``prefill_end_tokens`` are dropped (vllm#56972). 0.34 (same module and
+    # functions, called when ``not is_consumer or save_decode_cache``): with
     # ``save_decode_cache`` they are stored; a consumer stores decode boundaries only.
     decode_checkpoints: bool
-    # 0.33 ``KVCacheManager.get_computed_blocks``: an explicit bound is used as given (None:
-    # ``num_tokens - 1``). 0.34 (same function, ``Request.get_max_cache_hit_length``): it is
-    # clamped to ``num_tokens - 1``, so the last token is always recomputed.
+    # 0.33 ``v1/core/kv_cache_manager.py`` ``KVCacheManager.get_computed_blocks``: an explicit
+    # bound is used as given (None: ``num_tokens - 1``). 0.34 (same function, through
+    # ``v1/request.py`` ``Request.get_max_cache_hit_length``): it is clamped to
+    # ``num_tokens - 1``, so the last token is always recomputed.
     clamp_lookup_bound: bool
 
 
