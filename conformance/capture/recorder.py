@@ -124,7 +124,7 @@ def config_from_scheduler(scheduler: Any) -> dict[str, Any]:
     split = scheduler.cache_config.block_size
     if split in [g["block_size"] for g in groups]:
         cfg["split_block_size"] = split
-    lookahead = getattr(scheduler.vllm_config, "num_hash_lookahead_tokens", 0)
+    lookahead = getattr(getattr(scheduler, "vllm_config", None), "num_hash_lookahead_tokens", 0)
     if lookahead:
         raise RecorderUnsupported(
             f"num_hash_lookahead_tokens={lookahead}: blocks hashed past their end (EAGLE with "
