@@ -63,16 +63,20 @@ RECORDER_VERSION = "tailproof-recorder/2"
 HAND_OVER_OPS = 256
 
 # Manager methods counted as unmodelled when called (``install`` lists the recorded ones);
-# ``cache_blocks`` only when the call changed something (``_cache_blocks``).
+# ``cache_blocks`` only when the call changed something (``Recorder._cache_blocks``).
 UNMODELLED = ("cache_blocks", "pop_blocks_for_free", "get_computed_blocks_for_connector",
               "record_blocks_for_zeroing", "remove_skipped_blocks")
-#: The ``BlockPool`` methods through which ``KVCacheManager.cache_blocks`` changes anything,
-#: for the groups a trace can hold (full attention, Mamba align; vLLM 0.33 and 0.34,
-#: ``SingleTypeKVCacheManager.cache_blocks``, ``FullAttentionManager`` and ``MambaManager``
-#: ``cache_blocks`` / ``_cache_partial_tail_block``): every key, cached-block count, hand-off
-#: or partial-hit entry they write follows a call to one of these. A call that reaches none
-#: of them is a no-op on everything a trace observes.
-POOL_WRITES = ("cache_full_blocks", "cache_partial_block", "_maybe_evict_cached_block")
+#: What ``KVCacheManager.cache_blocks`` can change that a trace observes, for the groups a
+#: trace can hold (full attention, Mamba align; vLLM 0.33 and 0.34:
+#: ``SingleTypeKVCacheManager.cache_blocks``, ``FullAttentionManager`` / ``MambaManager``
+#: ``cache_blocks`` and ``_cache_partial_tail_block``): the pool's keys, every change of which
+#: goes through ``BlockHashToBlockMap.insert`` / ``pop`` (``BlockPool._insert_block_hash``
+#: returns before ``insert`` for a key the block holds already); and per manager the request's
+#: entries below plus the hand-offs queued for ``take_boundary_state_offloads``.
+#: (``cached_blocks_this_step`` is left out: ``new_step_starts`` clears it before anything
+#: reads it after ``update_from_output``.)
+MAP_WRITES = ("insert", "pop")
+REQUEST_STATE = ("num_cached_block", "_partial_hit_reqs", "_producer_partial_tail_reqs")
 
 
 class RecorderUnsupported(ValueError):
@@ -458,29 +462,33 @@ class Recorder:
 
     def _cache_blocks(self, orig: Any, name: str) -> Any:
         """``cache_blocks`` outside a landed load: counted as unmodelled only when it changed
-        something (it reached one of ``POOL_WRITES``). vLLM 0.34's ``update_from_output``
-        calls it for every running request of a synchronous hybrid engine ("Publish finalized
-        states before retirement or completion"); there it repeats what ``allocate_slots``
-        already cached, a no-op this check proves call by call instead of trusting."""
-        calls, pool = self._calls, self.pool
+        something a trace observes (``MAP_WRITES``, ``REQUEST_STATE``). vLLM 0.34's
+        ``update_from_output`` calls it for every running request of a synchronous hybrid
+        engine after each step ("Publish finalized states before retirement or completion");
+        there it repeats what ``allocate_slots`` cached, a no-op that this check proves call by
+        call instead of trusting."""
+        calls, keys, managers = self._calls, self.pool.cached_block_hash_to_block, \
+            self.mgr.coordinator.single_type_managers
 
         @functools.wraps(orig)
-        def call(*args: Any, **kwargs: Any) -> Any:
+        def call(request: Any, *args: Any, **kwargs: Any) -> Any:
             if self._depth:
-                return orig(*args, **kwargs)
+                return orig(request, *args, **kwargs)
             wrote: list[str] = []
-            saved = {n: pool.__dict__[n] for n in POOL_WRITES if n in pool.__dict__}
-            for n in POOL_WRITES:
-                setattr(pool, n, _spy(getattr(pool, n), n, wrote))
+            saved = {n: keys.__dict__[n] for n in MAP_WRITES if n in getattr(keys, "__dict__",
+                                                                              {})}
+            before = _request_state(managers, request.request_id)
+            for n in MAP_WRITES:
+                setattr(keys, n, _spy(getattr(keys, n), n, wrote))
             try:
-                out = orig(*args, **kwargs)
+                out = orig(request, *args, **kwargs)
             finally:
-                for n in POOL_WRITES:
+                for n in MAP_WRITES:
                     if n in saved:
-                        setattr(pool, n, saved[n])
+                        setattr(keys, n, saved[n])
                     else:
-                        delattr(pool, n)
-            if wrote:
+                        delattr(keys, n)
+            if wrote or _request_state(managers, request.request_id) != before:
                 calls[name] = calls.get(name, 0) + 1
             return out
         return call
@@ -539,6 +547,23 @@ class Recorder:
             keys = [(bytes(key[:-4]), int.from_bytes(key[-4:], "big"), ids)
                     for key, ids in hash_map_entries(pool.cached_block_hash_to_block)]
             self._push((self.builder.pool_state, refs, order, keys, q.num_free_blocks))
+
+
+def _request_state(managers: Any, rid: str) -> list[tuple[Any, ...]]:
+    """Per manager: the request's ``REQUEST_STATE`` entries (blocks by identity) and the
+    number of queued boundary hand-offs."""
+    out = []
+    for m in managers:
+        entries = tuple(_ident(getattr(m, a, {}).get(rid)) for a in REQUEST_STATE)
+        out.append((entries, len(getattr(m, "_pending_boundary_state_offloads", ()))))
+    return out
+
+
+def _ident(v: Any) -> Any:
+    """``v`` with its blocks replaced by their identity (blocks compare field by field)."""
+    if isinstance(v, tuple):
+        return tuple(x if isinstance(x, int) else id(x) for x in v)
+    return v
 
 
 def _spy(method: Any, name: str, wrote: list[str]) -> Any:

@@ -9,6 +9,7 @@ reference model and on vLLM's own ``KVCacheManager``.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("vllm")
+vllm = pytest.importorskip("vllm")
 
 pytestmark = pytest.mark.vllm
 
@@ -75,12 +76,14 @@ SCRIPT = textwrap.dedent("""
 def test_recorder_in_engine_core(tmp_path: Path) -> None:
     out = tmp_path / "core.json"
     env = {"TAILPROOF_RECORD": str(out), "PATH": "/usr/bin:/bin",
-           "VLLM_LOGGING_LEVEL": "ERROR", "HOME": str(tmp_path)}
+           "VLLM_LOGGING_LEVEL": "ERROR", "HOME": str(tmp_path),
+           # the release this process runs (scripts/vllm_env.sh: an overlay for 0.33)
+           "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
     proc = subprocess.run([sys.executable, "-c", SCRIPT.format(here=str(HERE))], env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(out.read_text())
-    assert doc["provenance"]["vllm"] == "0.33.0"
+    assert doc["provenance"]["vllm"] == vllm.__version__
     assert doc["provenance"]["recorder"] == "tailproof-recorder/2"
     assert doc["config"]["groups"][0]["kind"] == "full_attention"
     assert any(op["op"] == "lookup" and op["expect"]["hit"] > 0 for op in doc["ops"])

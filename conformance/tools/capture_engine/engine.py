@@ -1,4 +1,4 @@
-"""vLLM 0.33's real ``Scheduler`` on CPU, for capturing traces without a GPU.
+"""vLLM's real ``Scheduler`` (0.33 or 0.34) on CPU, for capturing traces without a GPU.
 
 The scheduler, its ``KVCacheManager`` and (when configured) its KV connector are vLLM's own,
 built from a ``VllmConfig`` the way the engine core builds them; the model is the weightless
@@ -33,7 +33,8 @@ class CaptureEngine:
                  long_prefill_token_threshold: int = 0, seed: int = 0,
                  max_model_len: int = 4096,
                  kv_transfer: dict[str, Any] | None = None,
-                 num_workers: int | None = None, connector: str = "tailproof") -> None:
+                 num_workers: int | None = None, connector: str = "tailproof",
+                 async_scheduling: bool | None = None) -> None:
         from vllm.config import (
             CacheConfig,
             DeviceConfig,
@@ -68,7 +69,10 @@ class CaptureEngine:
             long_prefill_token_threshold=long_prefill_token_threshold,
             # The trace format does not model the full-sequence admission gate
             # (allocate_slots(full_sequence_must_fit=True)); see docs/triage.md.
-            scheduler_reserve_full_isl=False)
+            scheduler_reserve_full_isl=False,
+            # None: vLLM resolves it (True here); False runs a synchronous engine, where
+            # 0.34's update_from_output also calls cache_blocks (the recorder checks it).
+            async_scheduling=async_scheduling)
         self.vllm_config = VllmConfig(model_config=model, cache_config=cache,
                                       device_config=DeviceConfig("cpu"),
                                       scheduler_config=sched_cfg,
