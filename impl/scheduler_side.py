@@ -60,7 +60,7 @@ from tailproof.impl.meta import (
 )
 from tailproof.impl.metrics import SchedulerMetrics
 from tailproof.impl.turn_end import TurnEndCheckpoints
-from tailproof.impl.vllm_release import resumed_ids
+from tailproof.impl.vllm_release import decode_checkpoints, preempted_tracker_dropped, resumed_ids
 from tailproof.spec.arithmetic import NULL_BLOCK_ID, checkpoint_position, partial_tail_puts
 
 logger = logging.getLogger(__name__)
@@ -153,6 +153,10 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
         self._lcm = geo.scheduler_block_size
         self._mamba_index = {c: g for g, c in enumerate(geo.core_group_ids) if geo.is_mamba[g]}
         self._consumer = settings.is_consumer
+        # vllm_release: a preempted request's tracker is dropped (0.34) or reset (0.33);
+        # ``save_decode_cache`` stores decode-time Mamba checkpoints (0.34, vllm#56972 fixed).
+        self._drop_preempted = preempted_tracker_dropped()
+        self._decode_checkpoints = settings.save_decode_cache and decode_checkpoints()
         self._reuse_configured = settings.reuse_extension
         self._init_turn_end(settings, geo)  # EXTENSION (turn_end.py)
         self._init_junctions(settings)  # EXTENSION (junctions.py)
@@ -279,7 +283,9 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
         preempted = set(so.preempted_req_ids or ())
         for rid in sorted(preempted):  # sorted: slots return to the pool in a fixed order
             self.release_snapshot(rid)  # rule 4: its state is recomputed
-            if (t := self.request_trackers.get(rid)) is not None:
+            if self._drop_preempted:
+                self.request_trackers.pop(rid, None)
+            elif (t := self.request_trackers.get(rid)) is not None:
                 t.reset()
             if rid in self.admitted:
                 # Preempted before this schedule() and re-admitted by it (module
@@ -319,7 +325,8 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
             scheduled = {r.req_id for r in so.scheduled_new_reqs}
             self._async_loads(scheduled.union(cached.req_ids), meta)
         state = getattr(so, "kv_connector_block_state", None)
-        if not consumer and state is not None and state.boundary_state_offloads:
+        if ((not consumer or self._decode_checkpoints) and state is not None
+                and state.boundary_state_offloads):
             self._handle_boundary_state_offloads(state.boundary_state_offloads, pending)
         if pending and not self.geo.tables_append_only:
             # MooncakeStoreScheduler._apply_current_save_block_ids: a window or Mamba group's
@@ -488,7 +495,9 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
             accepted = self._accept(entries, end)
             if not accepted:
                 continue
-            decode = sorted({p.num_tokens for p in accepted if p.num_tokens > end})
+            rule5 = self.settings.decode_boundary_saves and not self.reuse_disabled
+            decode = sorted({p.num_tokens for p in accepted if p.num_tokens > end}) if rule5 \
+                else []
             if (s := by_req.get(rid)) is not None:
                 s.boundary_puts = accepted
                 s.decode_boundaries = decode
@@ -506,14 +515,18 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
         self, entries: Iterable[tuple[int, int, int]], prefill_end_tokens: int
     ) -> list[BoundaryPut]:
         """The hand-offs a producer stores: Mamba groups, non-null, at or below the prefill end
-        -- or past it too with ``decode_boundary_saves`` (rule 5; vLLM 0.33 drops those)."""
+        -- or past it too with ``decode_boundary_saves`` (rule 5; vLLM 0.33 drops those) or
+        0.34's decode checkpoints (``save_decode_cache``), the only ones a consumer stores."""
         out: list[BoundaryPut] = []
         decode_ok = self.settings.decode_boundary_saves and not self.reuse_disabled
+        decode_ok = decode_ok or self._decode_checkpoints
         mamba_index = self._mamba_index
+        consumer = self._consumer
         for core_group, block_id, boundary in entries:
             g = mamba_index.get(core_group)  # None: not stored, or not a Mamba group
-            past = boundary > prefill_end_tokens and not decode_ok
-            if past or block_id == NULL_BLOCK_ID or g is None:
+            past = boundary > prefill_end_tokens
+            if (past and not decode_ok or consumer and not past or block_id == NULL_BLOCK_ID
+                    or g is None):
                 self.metrics.offloads_dropped += 1
                 continue
             out.append(BoundaryPut(g, block_id, boundary))

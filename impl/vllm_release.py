@@ -1,11 +1,14 @@
-"""Where the vLLM releases the connector supports (0.33, 0.34) hand it different shapes: one
-named switch per difference, read once from vLLM's own classes (never from a version string),
-each citing the vLLM function behind it in both releases.
+"""Where the vLLM releases the connector supports (0.33, 0.34) hand it different shapes or
+store differently: one named switch per difference, read once from vLLM's own classes (never
+from a version string), each citing the vLLM function behind it in both releases
+(docs/releases.md lists them next to the reference's).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import inspect
 from functools import cache
 
 
@@ -29,6 +32,55 @@ def resumed_ids(cached: object) -> frozenset[str] | set[str]:
     """The step's resumed cached rows: ``CachedRequestData.resumed_req_ids`` on 0.33, always
     empty on 0.34 (:func:`resumed_as_cached`)."""
     return getattr(cached, "resumed_req_ids", frozenset())
+
+
+_MOONCAKE = "vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store"
+
+
+@cache
+def preempted_tracker_dropped() -> bool:
+    """Whether a preempted request's tracker is dropped rather than reset.
+
+    vLLM 0.33 (``MooncakeStoreScheduler.build_connector_meta``, ``mooncake/store/scheduler.py``):
+    ``request_tracker.reset()`` keeps a zeroed tracker until the request is scheduled again.
+    vLLM 0.34 (same function): ``self._request_trackers.pop(req_id, None)``, and
+    ``RequestTracker.reset`` (``mooncake/store/data.py``) is gone.
+    """
+    from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.data import (  # deferred
+        RequestTracker,
+    )
+
+    return not hasattr(RequestTracker, "reset")
+
+
+@cache
+def monotone_saved_offset() -> bool:
+    """Whether a rank's saved offset only moves forward, after a fully successful save.
+
+    vLLM 0.33 (``KVCacheStoreSendingThread._handle_request`` / ``_record_saved``,
+    ``mooncake/store/worker.py``): any save that did not fail sets the offset to the job's
+    length, source blocks that are unavailable skipped. vLLM 0.34 (``_handle_request`` /
+    ``_record_saved_offset``): ``max(offset, length)``, recorded only when no put failed and no
+    source block was missing (else the next job retries the range); a job at or below the
+    offset returns at once. The rule came with the rename, which is what is read here.
+    """
+    worker = importlib.import_module(f"{_MOONCAKE}.worker")  # deferred: vLLM is heavy
+    return hasattr(worker.KVCacheStoreSendingThread, "_record_saved_offset")
+
+
+@cache
+def decode_checkpoints() -> bool:
+    """Whether ``save_decode_cache`` stores the Mamba states of decode-time block boundaries.
+
+    vLLM 0.33 (``MooncakeStoreScheduler._handle_boundary_state_offloads``, called for
+    producers only): every boundary past ``prefill_end_tokens`` is dropped (vllm#56972).
+    vLLM 0.34 (same function, called when ``not is_consumer or save_decode_cache``): with
+    ``save_decode_cache`` they are stored, and a consumer stores those only. No name changed
+    with it, so the function's own source is read for the flag it now consults.
+    """
+    sched = importlib.import_module(f"{_MOONCAKE}.scheduler")  # deferred: vLLM is heavy
+    src = inspect.getsource(sched.MooncakeStoreScheduler._handle_boundary_state_offloads)
+    return "self.save_decode_cache" in src
 
 
 #: Releases whose scheduler names the junction hook sets were checked against: 0.33, and 0.34,

@@ -75,6 +75,7 @@ from tailproof.impl.value_format import (
     mac_identity_text,
     slot_nbytes,
 )
+from tailproof.impl.vllm_release import monotone_saved_offset
 from tailproof.spec.arithmetic import NULL_BLOCK_ID, cdiv
 
 logger = logging.getLogger(__name__)
@@ -141,6 +142,8 @@ class WorkerSide:
         self.failed_recving: set[str] = set()
         self.load_error_blocks: set[int] = set()
         self.load_ok: dict[str, bool] = {}  # request -> whether its last load succeeded
+        # vllm_release: the offset only moves forward, after a save with nothing missing (0.34)
+        self._monotone = monotone_saved_offset()
 
     # ------------------------------------------------------------------ set-up
 
@@ -484,7 +487,7 @@ class WorkerSide:
             return
         if not self._boundary_puts(job):
             return  # a failed boundary put also skips this job's normal save
-        if token_len == 0:
+        if token_len == 0 or self._monotone and token_len <= start:
             return
         if start < job.pin_floor:
             # ``readable_pins``: the blocks below the job's pin floor may be reused already.
@@ -492,6 +495,7 @@ class WorkerSide:
             self.metrics.c.inc("saves_below_pin_floor")
             return
         items: list[tuple[int, int, bytes]] = []
+        missing = False  # an unavailable source block the save should have read
         h = self.geo.hash_block_size
         masks = self._store_masks(job, token_len, start)
         for g, bs in enumerate(self.geo.block_sizes):
@@ -507,13 +511,16 @@ class WorkerSide:
                     continue  # a block no hit at an lcm boundary can use (sliding window)
                 end = min((idx + 1) * bs, token_len)
                 if idx >= len(table) or table[idx] == NULL_BLOCK_ID:
+                    missing = True
                     continue
                 items.append((g, table[idx], job.block_hashes[end // h - 1]))
         result = self._put(job, items)
+        done = result != "failed" and not (self._monotone and missing)  # 0.34: retried
         with self._lock:
-            if result != "failed" and self._live(job):
-                self.saved_offset[job.req_id] = token_len
-            if result == "ok":
+            if done and self._live(job):
+                prev = self.saved_offset.get(job.req_id, 0) if self._monotone else 0
+                self.saved_offset[job.req_id] = max(prev, token_len)
+            if result == "ok" and done:
                 self.gate.clear()
 
     def _store_masks(self, job: StoreJob, token_len: int,

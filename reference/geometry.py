@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from tailproof.reference.releases import DEFAULT, RELEASES, Release
 from tailproof.spec.arithmetic import hit_alignment, lcm_all, partial_hash_hits_enabled
 
 FULL_ATTENTION = "full_attention"
@@ -64,6 +65,8 @@ class Geometry:
     # EXTENSION (docs/junctions.md, "Device junctions"): the hook also set
     # KVCacheManager.mamba_shared_prefix_checkpoint and every MambaManager's flag, no EAGLE.
     manager_junction_hook: bool = False
+    # The vLLM release whose semantics the model follows where releases differ (releases.py).
+    vllm: str = DEFAULT
     # Derived in __post_init__.
     scheduler_block_size: int = field(init=False)
     coordinator_kind: str = field(init=False)  # "none" | "unitary" | "hybrid"
@@ -86,6 +89,8 @@ class Geometry:
                 raise ValueError("a window is given exactly for sliding-window groups")
             if g.num_speculative_blocks and g.kind != MAMBA_ALIGN:
                 raise ValueError("only Mamba groups have speculative blocks")
+        if self.vllm not in RELEASES:
+            raise ValueError(f"unsupported vLLM release {self.vllm!r}")
         # resolve_kv_cache_block_sizes: lcm of the groups when hybrid, else the one block size.
         sbs = lcm_all(sizes) if len(sizes) > 1 else sizes[0]
         # get_kv_cache_coordinator: no caching -> NoPrefixCache; one group -> Unitary.
@@ -129,6 +134,11 @@ class Geometry:
         object.__setattr__(self, "drop_eagle_group_ids", drop_ids)
         object.__setattr__(self, "manager_use_eagle", tuple(use))
         object.__setattr__(self, "attention_groups", attention_groups)
+
+    @property
+    def release(self) -> Release:
+        """The switches of the release the model follows (``releases.py``)."""
+        return RELEASES[self.vllm]
 
     # --- scheduler-side values (Scheduler.__init__ / engine/core.py) ---
 
@@ -200,6 +210,7 @@ class Geometry:
             split_block_size=getattr(config, "split_block_size", None),
             enable_mamba_shared_prefix_checkpoint=bool(
                 getattr(config, "enable_mamba_shared_prefix_checkpoint", False)),
+            vllm=getattr(config, "vllm", DEFAULT),
         )
 
 

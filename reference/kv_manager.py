@@ -9,6 +9,7 @@ from tailproof.reference.coordinator import Coordinator
 from tailproof.reference.geometry import MAMBA_ALIGN, Geometry
 from tailproof.reference.request import Request
 from tailproof.spec.arithmetic import cdiv
+from tailproof.spec.arithmetic import max_cache_hit_length as max_cache_hit_length_of
 
 Blocks = list[list[Block]]  # per group
 
@@ -31,12 +32,17 @@ class KVCacheManager:
         self, request: Request, max_cache_hit_length: int | None = None
     ) -> tuple[Blocks, int, int]:
         """mirrors KVCacheManager.get_computed_blocks: no state change; the last token is always
-        recomputed unless a bound is given. The third value is ``shared_prefix_boundary``: the
-        hit plus the prefix only attention has cached (the junction), 0 when there is none."""
+        recomputed unless a bound is given (0.33), or always (0.34 clamps an explicit bound with
+        ``Request.get_max_cache_hit_length``: ``Release.clamp_lookup_bound``). The third value
+        is ``shared_prefix_boundary``: the hit plus the prefix only attention has cached (the
+        junction), 0 when there is none."""
         if not self.enable_caching:
             return self.empty_blocks(), 0, 0
         if max_cache_hit_length is None:
             max_cache_hit_length = request.num_tokens - 1
+        else:
+            max_cache_hit_length = max_cache_hit_length_of(
+                request.num_tokens, max_cache_hit_length, self.geo.release.clamp_lookup_bound)
         blocks, hit, num_uncached = self.coordinator.find_longest_cache_hit(
             request.block_hashes, max_cache_hit_length
         )

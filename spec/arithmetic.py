@@ -104,6 +104,13 @@ def aligned_lookup_length(num_tokens: Num, alignment: Num) -> Num:
     return round_down(num_tokens, alignment)
 
 
+def max_cache_hit_length(num_tokens: Num, bound: Num, clamp: Num) -> Num:
+    """The longest hit a lookup with an explicit ``bound`` may return: the bound as given
+    (vLLM 0.33 ``KVCacheManager.get_computed_blocks``), or clamped to ``num_tokens - 1`` so
+    the last token is always recomputed (vLLM 0.34 ``Request.get_max_cache_hit_length``)."""
+    return ite(clamp, min2(num_tokens - 1, bound), bound)
+
+
 def tail_put_range(boundary: Num, lcm: Num, block_size: Num, margin: Num) -> tuple[Num, Num]:
     """Block index range ``[first, end)`` of a smaller group's attention tail puts.
 

@@ -533,17 +533,19 @@ class State:
 
     def _hand_off(self, rid: int, g: int, b: int, n: int, fence: int) -> None:
         """``_handle_boundary_state_offloads`` + ``_reference_save_blocks``: accept a hand-off of
-        a live producer within its prefill, add the attention tail puts, pin every distinct
-        block once (``pool.touch``)."""
+        a live producer within its prefill (past it too with ``decode_checkpoints``: a decode
+        step's aligned state), add the attention tail puts, pin every distinct block once
+        (``pool.touch``)."""
         c, r = self.cfg, self.reqs[rid]
-        if r.status != "running" or n > len(r.prompt):
+        if r.status != "running" or n > len(r.prompt) and not c.decode_checkpoints:
             return
         if b == NULL:
             return
-        puts = [(g, r.prompt[:n], b)]
+        p = c.seq(rid)
+        puts = [(g, p[:n], b)]
         if n % c.bs_mamba:
             lo, hi = tail_put_range(n, c.lcm, c.bs_fa, 0)
-            puts += [(FA, r.prompt[: min((i + 1) * c.bs_fa, n)], r.fa[i])
+            puts += [(FA, p[: min((i + 1) * c.bs_fa, n)], r.fa[i])
                      for i in range(lo, min(hi, len(r.fa))) if r.fa[i] != NULL]
         ids = self.job_blocks(r, puts, n)
         self.pin(ids)

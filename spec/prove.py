@@ -51,6 +51,10 @@ BMC_INSTANCES: list[tuple[str, Config, int, int]] = [
     ("turn-end: the next turn's prompt is the first turn's prompt + response",
      Config(prompts=((1, 1, 2, 2), (1, 1, 2, 2, 3, 3)), responses=((3, 3), (4,)),
             turn_end=True), 12, 9),
+    # vLLM 0.34's decode checkpoints (save_decode_cache): aligned decode states stored.
+    ("0.34 decode checkpoints: one request decoding past 2 Mamba blocks",
+     Config(prompts=((1, 1, 2),), responses=((2, 3, 3, 4, 4),), decode_checkpoints=True,
+            num_blocks=6), 18, 14),
 ]
 
 #: configurations vLLM supports whose counterexamples are reported, not failed on
@@ -104,7 +108,7 @@ def _bound(cfg: Config, depth: int) -> str:
 
 #: Submission order of the bounded checks, costliest first (measured CPU seconds at the full
 #: bounds: only the pool's schedule depends on it, never a result)
-_COSTLIEST_FIRST = (0, 7, 8, 6, 2, 5, 1, 4, 3)
+_COSTLIEST_FIRST = (0, 7, 8, 6, 9, 2, 5, 1, 4, 3)
 
 
 def _timed(fn: Callable[..., Any], *args: Any) -> tuple[Any, float]:
@@ -254,6 +258,10 @@ def report(proofs: ProofRun, export: Export | None = None,
             entry["mappable"] = False
             entry["unmappable_reason"] = ("a turn-end extension trace (decode steps); the "
                                           "extension's corpus cases cover it on impl")
+        elif m.trace and m.config.decode_checkpoints:
+            entry["mappable"] = False
+            entry["unmappable_reason"] = ("decode steps (vLLM 0.34's decode checkpoints); "
+                                          "the *_v034 corpus cases cover them")
         elif m.trace and not entry["mappable"]:
             entry["unmappable_reason"] = "runs a rank's store jobs out of FIFO order"
         if export is not None and m.trace and entry["mappable"]:

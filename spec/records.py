@@ -40,6 +40,9 @@ class Config:
     # (``Request.shared_prefix_boundary``; 0: none). Its chunk stops there exactly, and a
     # junction job stores the state (a snapshot block the job alone pins) with the attention KV.
     junctions: tuple[int, ...] = ()
+    # vLLM 0.34 with ``save_decode_cache`` (docs/releases.md): the Mamba states of decode-time
+    # block boundaries are stored too (``_handle_boundary_state_offloads``; 0.33 drops them).
+    decode_checkpoints: bool = False
 
     def junction(self, rid: int) -> int:
         return self.junctions[rid] if rid < len(self.junctions) else 0

@@ -55,6 +55,8 @@ from tailproof.conformance.capture.op_builder import OpBuilder
 from tailproof.conformance.capture.writer import BackgroundWriter, TraceWriter
 from tailproof.conformance.format.trace import FORMAT_TAG
 from tailproof.conformance.vllm_release import hash_map_entries
+from tailproof.reference.releases import DEFAULT as DEFAULT_RELEASE
+from tailproof.reference.releases import RELEASES
 
 RECORDER_VERSION = "tailproof-recorder/2"
 #: ops queued on the step path before they are handed to the writer thread (at a step end)
@@ -126,7 +128,27 @@ def config_from_scheduler(scheduler: Any) -> dict[str, Any]:
     split = scheduler.cache_config.block_size
     if split in [g["block_size"] for g in groups]:
         cfg["split_block_size"] = split
+    lookahead = getattr(getattr(scheduler, "vllm_config", None), "num_hash_lookahead_tokens", 0)
+    if lookahead:
+        raise RecorderUnsupported(
+            f"num_hash_lookahead_tokens={lookahead}: blocks hashed past their end (EAGLE with "
+            "lookahead hashes) are not modelled by the trace format (record with "
+            "speculative_config.disable_lookahead_block_hashes)")
+    release = engine_release()
+    if release != DEFAULT_RELEASE:  # a 0.33 capture reads as 0.33 without the key
+        cfg["vllm"] = release
     return cfg
+
+
+def engine_release() -> str:
+    """The release whose semantics the recorded engine has (``config.vllm``,
+    docs/releases.md): the running vLLM's ``major.minor``, the default when not a supported
+    one (the loader then reads the trace as that release)."""
+    import vllm
+
+    parts = str(vllm.__version__).split(".")
+    name = ".".join(parts[:2])
+    return name if name in RELEASES else DEFAULT_RELEASE
 
 
 def provenance(scheduler: Any, redacted: bool) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from tailproof.conformance.format.tokens import TokenError, expand
 from tailproof.conformance.format.trace_checks import CheckError, check_config, check_ops
 from tailproof.conformance.format.trace_file import ReadRefused, read_trace_bytes
 from tailproof.reference.geometry import KINDS, Geometry, GroupSpec
+from tailproof.reference.releases import RELEASES
 from tailproof.spec.arithmetic import lcm_all
 
 FORMAT_TAG = "tailproof-trace/1"
@@ -70,7 +71,8 @@ class Trace:
 _CONFIG_KEYS = {
     "groups", "hash_block_size", "num_blocks", "enable_caching", "use_eagle", "max_model_len",
     "max_num_scheduled_tokens", "long_prefill_token_threshold", "split_block_size", "connector",
-    "enable_mamba_shared_prefix_checkpoint", "prefix_cache_retention_interval",
+    "enable_mamba_shared_prefix_checkpoint", "prefix_cache_retention_interval", "vllm",
+    "num_hash_lookahead_tokens",
 }
 
 
@@ -171,6 +173,19 @@ def _parse_config(doc: Any, source: str) -> TraceConfig:
     if connector is not None:
         connector = _validate_connector(connector, source)
         _check_extension(connector, groups, bool(kw.get("use_eagle")), source)
+    if "vllm" in doc:
+        if doc["vllm"] not in RELEASES:
+            raise _err(source, "config.vllm",
+                       f"must be one of {', '.join(map(repr, RELEASES))} (the vLLM release "
+                       f"whose semantics the trace expects), got {doc['vllm']!r}")
+        kw["vllm"] = doc["vllm"]
+    lookahead = doc.get("num_hash_lookahead_tokens", 0)
+    if not _is_int(lookahead) or lookahead != 0:
+        # VllmConfig.num_hash_lookahead_tokens: 0.34 turns it on under EAGLE with a connector
+        # that answers supports_lookahead_block_hashes (Mooncake's store connector).
+        raise _err(source, "config.num_hash_lookahead_tokens",
+                   f"must be 0, got {lookahead!r}: hashing blocks past their end (EAGLE with "
+                   "lookahead hashes) is not modelled")
     return TraceConfig(tuple(groups), h, nb, connector=connector, **kw)
 
 

@@ -12,6 +12,7 @@ from tailproof.conformance.format.compare import Renamer, project, subset_match
 from tailproof.conformance.format.step_protocol import observed_problem
 from tailproof.conformance.format.trace import Trace, TraceError
 from tailproof.conformance.harness.adapters import make_driver, refusal
+from tailproof.conformance.harness.releases import ReleaseGate
 
 EXPECTED = "expected"
 
@@ -73,12 +74,15 @@ def _canon_stream(stream: list[dict[str, Any] | None], strict: bool) -> list[Any
 def run_trace(trace: Trace, adapters: list[str], strict: bool = False,
               options: dict[str, dict[str, Any]] | None = None) -> CaseResult:
     """Run ``trace`` on each adapter (fresh state each) and collect divergences: each adapter
-    against the expectations, then each adapter against the first one, first op only.
+    against the expectations, then each adapter against the first one, first op only. An
+    adapter refuses a trace it cannot run faithfully (``adapters.refusal``, and for the
+    vLLM-backed ones a trace of another release they disagree on, ``releases.ReleaseGate``).
     ``options`` maps an adapter name to its ``make_driver`` options."""
     t0 = time.perf_counter()
     result = CaseResult(trace, list(adapters))
+    gate = ReleaseGate(trace)
     for name in adapters:
-        why = refusal(name, trace.config)
+        why = refusal(name, trace.config) or gate.refusal(name)
         if why is not None:  # observed nothing: compared with nothing
             result.observations[name] = [None] * len(trace.ops)
             result.unsupported[name] = []

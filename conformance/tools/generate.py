@@ -18,7 +18,9 @@ from typing import Any
 from hypothesis import strategies as st
 
 from tailproof.conformance.harness.lockstep import Lockstep, LockstepDivergence
+from tailproof.conformance.harness.releases import installed_release
 from tailproof.conformance.harness.steps import Steps, op
+from tailproof.reference.releases import DEFAULT as DEFAULT_RELEASE
 
 __all__ = ["GEOMETRIES", "LockstepDivergence", "lockstep_trace", "write_case"]
 
@@ -67,12 +69,17 @@ def with_junction_checkpoint(geometry: Geometry) -> Geometry:
 
 
 def geometry_config(geometry: Geometry, num_blocks: int, **settings: Any) -> dict[str, Any]:
-    """The trace config of a geometry."""
+    """The trace config of a geometry. The generators run the reference beside the installed
+    vLLM, so a trace names the installed release when it is not the default one (``config.vllm``,
+    docs/releases.md)."""
     groups, h, eagle = geometry
+    release = installed_release()
+    named = {"vllm": release} if release not in (None, DEFAULT_RELEASE) else {}
     return {"groups": [{"kind": k, "block_size": b, **({"eagle": True} if e else {}),
                         **({"sliding_window": b + 1} if k == SW else {})}
                        for k, b, e in groups],
-            "hash_block_size": h, "num_blocks": num_blocks, "use_eagle": eagle, **settings}
+            "hash_block_size": h, "num_blocks": num_blocks, "use_eagle": eagle, **named,
+            **settings}
 
 
 def prompt_tokens(draw: st.DrawFn, h: int, block: int, prompts: dict[str, list[int]],

@@ -9,7 +9,11 @@ Mirrors ``MooncakeStoreScheduler`` (MS:135-761). The rules, each with the functi
 - core boundary hand-offs are claimed only by a producer, only for live requests, only up to
   ``prefill_end_tokens`` (decode boundaries are dropped unpinned; a resumed prefill's
   ``prefill_end_tokens`` covers its replayed outputs), never for null blocks or non-Mamba
-  groups (``_handle_boundary_state_offloads``, MS:672-727);
+  groups (``_handle_boundary_state_offloads``, MS:672-727); on 0.34, with
+  ``save_decode_cache``, decode boundaries are claimed too, by a consumer only those
+  (``Release.decode_checkpoints``);
+- resumed requests are cached rows after the running ones (0.33) or new requests in admission
+  order before them (0.34, ``Release.resumed_as_new``);
 - every job gets a never-reused id and pins each distinct non-null block it may read once:
   its boundary puts and, for a normal save, every non-Mamba block of the current table
   (``_reference_save_blocks``, MS:550-598);
@@ -84,6 +88,7 @@ from tailproof.reference.connector.turn_end import (
     TurnEnd,
     decode_boundary_puts,
 )
+from tailproof.reference.releases import Release, release
 from tailproof.spec.arithmetic import cdiv
 
 
@@ -126,9 +131,10 @@ Offloads = dict[str, list[tuple[int, int, int]]]  # rid -> [(group, block, bound
 
 class ConnectorScheduler:
     def __init__(self, conf: ConnectorConfig, geo: StoreGeometry, pool: PinPool,
-                 num_blocks: int | None = None) -> None:
+                 num_blocks: int | None = None, rules: Release | None = None) -> None:
         self.conf = conf
         self.geo = geo
+        self.rules = rules or release(None)  # the vLLM release followed (releases.py)
         self.pool = pool
         self.num_workers = conf.num_workers
         self.next_store_job_id = 0
@@ -193,7 +199,9 @@ class ConnectorScheduler:
             self.unfinished_request_ids.discard(rid)
         for rid in sorted(preempted):
             self.turn_end.release(rid)  # EXTENSION rule 4
-            if (t := self.request_trackers.get(rid)) is not None:
+            if self.rules.preempted_tracker_dropped:
+                self.request_trackers.pop(rid, None)
+            elif (t := self.request_trackers.get(rid)) is not None:
                 t.reset()
             if rid in self.admitted:
                 continue  # DEVIATION: preempted before this step's re-admission, which stands
@@ -202,13 +210,15 @@ class ConnectorScheduler:
             self.unfinished_requests.pop(rid, None)
         self.admitted.clear()
         rows: list[StoreJob] = []
-        new = [s for s in scheduled if s.kind == "new"]
-        # CachedRequestData lists running requests, then resumed ones (SC:1939).
+        as_new = ("new", "resumed") if self.rules.resumed_as_new else ("new",)
+        new = [s for s in scheduled if s.kind in as_new]  # in admission order
+        # 0.33: CachedRequestData lists running requests, then resumed ones (SC:1939).
         cached = [s for s in scheduled if s.kind == "running"]
-        cached += [s for s in scheduled if s.kind == "resumed"]
+        cached += [s for s in scheduled if s.kind not in as_new and s.kind != "running"]
         for s in new:
             rows += self._new_request(s, is_consumer)
-        if not is_consumer or conf.save_decode_cache:
+        can_process_cached = not is_consumer or conf.save_decode_cache
+        if can_process_cached:
             for s in cached:
                 rows += self._cached_request(s, is_consumer)
         scheduled_ids = {s.request.request_id for s in scheduled}
@@ -227,7 +237,9 @@ class ConnectorScheduler:
             if job is not None:
                 rows.append(job)
         decode: dict[str, list[int]] = {}
-        if offloads and not is_consumer:
+        # 0.33 claims hand-offs for producers only; 0.34 whenever cached rows are processed.
+        if offloads and (can_process_cached if self.rules.decode_checkpoints
+                         else not is_consumer):
             self._handle_boundary_state_offloads(offloads, rows, decode)
         for job in rows:  # _apply_current_save_block_ids (MS:527-548)
             if job.can_save:
@@ -242,7 +254,8 @@ class ConnectorScheduler:
         self.turn_end_jobs.clear()
         if not conf.capacity_only:
             self._reference_save_blocks(rows)
-        # EXTENSION rule 1: after the jobs are pinned, new, then running, then resumed.
+        # EXTENSION rule 1: after the jobs are pinned, in the order above: new, then running,
+        # then resumed (0.33); new and resumed in admission order, then running (0.34).
         order = new + cached
         h = geo.hash_block_size
         self.step_snapshots, final = self.turn_end.take_snapshots(
@@ -296,9 +309,10 @@ class ConnectorScheduler:
         rid = req.request_id
         spec = self.load_specs.pop(rid, None)
         assert rid in self.unfinished_requests
+        # ``len(prefill_token_ids)``: the prompt, plus the outputs of a resumed request (0.34)
         t = RequestTracker(req_id=rid, token_len=s.num_computed_tokens + s.num_scheduled,
                            allocated_block_ids=tuple(list(ids) for ids in s.block_ids),
-                           prefill_end_tokens=req.num_prompt_tokens)
+                           prefill_end_tokens=len(req.all_token_ids))
         self.request_trackers[rid] = t
         job = from_request_tracker(
             t, self.geo.scheduler_block_size, req.block_hashes, load_spec=spec,
@@ -345,9 +359,12 @@ class ConnectorScheduler:
 
     def _handle_boundary_state_offloads(self, offloads: Offloads, rows: list[StoreJob],
                                         decode: dict[str, list[int]]) -> None:
-        """mirrors ``_handle_boundary_state_offloads`` (MS:672-727); with the extension's
-        ``decode_boundary_saves`` a decode boundary is accepted too and noted in ``decode``."""
+        """mirrors ``_handle_boundary_state_offloads`` (MS:672-727); a decode boundary is
+        accepted on 0.34 with ``save_decode_cache``, where a consumer accepts only those
+        (``Release.decode_checkpoints``), and with the extension's ``decode_boundary_saves``,
+        which notes it in ``decode``."""
         save_rows = {j.req_id: j for j in rows if j.can_save}
+        saves_decode = self.rules.decode_checkpoints and self.conf.save_decode_cache
         for rid, entries in offloads.items():
             t = self.request_trackers.get(rid)
             entry = self.unfinished_requests.get(rid)
@@ -356,12 +373,14 @@ class ConnectorScheduler:
             accepted: list[BoundaryPut] = []
             for gid, block_id, boundary in entries:
                 is_decode = boundary > t.prefill_end_tokens
-                if is_decode and not self.conf.decode_boundary_saves:
-                    continue  # decode boundary: can never complete a joint hit
+                if is_decode and not (self.conf.decode_boundary_saves or saves_decode):
+                    continue  # decode boundary: can never complete a joint hit (0.33)
+                if not is_decode and self.conf.is_consumer:
+                    continue  # 0.34: a consumer stores decode checkpoints only
                 if block_id == NULL_BLOCK_ID or gid not in self.geo.mamba_group_ids:
                     continue
                 accepted.append(BoundaryPut(gid, block_id, boundary))
-                if is_decode:  # EXTENSION rule 5
+                if is_decode and self.conf.decode_boundary_saves:  # EXTENSION rule 5
                     decode.setdefault(rid, []).append(boundary)
             if not accepted:
                 continue

@@ -13,7 +13,11 @@ Mirrors ``KVCacheStoreSendingThread`` (MW:397-1045) and the ledger retirement of
    ``store_mask`` keeps (no Mamba chunk; of a sliding window only the blocks a hit at an lcm
    boundary can use, ``masks.store_mask``), null or missing sources skipped, each chunk keyed
    by its block-end hash; the offset advances only on full success of a live job, which also
-   clears the gate; -200 marks pressure. DEVIATION (readable pins, ``scheduler.py``): a rank
+   clears the gate; -200 marks pressure. 0.33 counts a save whose sources were partly
+   unavailable as a success and sets the offset to the job's length; 0.34 records
+   ``max(offset, length)`` only when no source was missing either (else the range is retried
+   by the next job) and skips a job at or below the offset (``Release.monotone_saved_offset``).
+   DEVIATION (readable pins, ``scheduler.py``): a rank
    whose offset lies below the job's ``pin_floor`` saves nothing (the blocks below it are not
    pinned), and every report carries the rank's offset once the job was over.
 
@@ -34,6 +38,7 @@ from tailproof.reference.connector.masks import store_mask
 from tailproof.reference.connector.meta import StoreJob
 from tailproof.reference.connector.store import NO_AVAILABLE_HANDLE, ScriptedStore
 from tailproof.reference.connector.tail import NULL_BLOCK_ID
+from tailproof.reference.releases import Release, release
 from tailproof.spec.arithmetic import cdiv, round_down
 
 Key = tuple[int, int, bytes]  # (rank, store group, prefix digest)
@@ -41,10 +46,12 @@ Tag = tuple[int, int, int, str]  # (rank, store group, boundary, writer request)
 
 
 class SendingWorker:
-    def __init__(self, rank: int, geo: StoreGeometry, store: ScriptedStore) -> None:
+    def __init__(self, rank: int, geo: StoreGeometry, store: ScriptedStore,
+                 rules: Release | None = None) -> None:
         self.rank = rank
         self.geo = geo
         self.store = store
+        self.rules = rules or release(None)  # the vLLM release followed (releases.py)
         self.stored_requests: dict[str, set[int]] = {}  # live job ids per request
         self.completed_saves: dict[int, int] = {}  # drained by reports
         # DEVIATION (readable pins, scheduler.py): job -> its request's offset once it was over
@@ -143,6 +150,8 @@ class SendingWorker:
             return
         if token_len == 0:
             return
+        if self.rules.monotone_saved_offset and token_len <= self.saved_offset.get(job.req_id, 0):
+            return  # 0.34: ``checkpoint_len <= save_start``, nothing new to save
         self._normal_save(job, token_len)
 
     def _key(self, gid: int, job: StoreJob, boundary: int) -> tuple[Key, Tag]:
@@ -202,6 +211,7 @@ class SendingWorker:
         tags: list[Tag] = []
         assert token_len // geo.hash_block_size <= len(job.block_hashes)
         masks = store_mask(geo, token_len, start)
+        missing = False  # an unavailable source block in a chunk the save should write
         for gid, bs in enumerate(geo.block_sizes):
             table = job.block_ids[gid]
             first, mask = cdiv(start, bs), masks[gid]
@@ -212,18 +222,26 @@ class SendingWorker:
                     continue  # unreachable for a hit; every Mamba chunk
                 end = min((chunk + 1) * bs, token_len)
                 if chunk >= len(table) or table[chunk] == NULL_BLOCK_ID:
+                    missing = True
                     continue
                 k, t = self._key(gid, job, end)
                 keys.append(k)
                 tags.append(t)
         result = self._put(job, keys, tags) if keys else "none"
-        if result != "failed":
+        complete = result != "failed"
+        if self.rules.monotone_saved_offset:
+            complete = complete and not missing  # 0.34: the missing range is retried
+        if complete:
             self._record_saved(job, token_len)
-        if result == "ok":
+        if result == "ok" and complete:
             self._clear_pressure()
 
     def _record_saved(self, job: StoreJob, token_len: int) -> None:
+        """``_record_saved`` (0.33): the job's length; ``_record_saved_offset`` (0.34): never
+        below the offset already recorded."""
         if self._live(job):
+            if self.rules.monotone_saved_offset:
+                token_len = max(self.saved_offset.get(job.req_id, 0), token_len)
             self.saved_offset[job.req_id] = token_len
 
     # --- observation -------------------------------------------------------------------

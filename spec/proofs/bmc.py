@@ -73,6 +73,10 @@ def _events(s: State, act: tuple, t: State) -> list[str]:
             g == 1 and len(p) == s.cfg.junction(s.jobs[act[1]].rid)
             for (_, g, p) in set(t.store) - set(s.store)):
         out.append("junction_put")
+    if act[0] == "run_job" and s.cfg.decode_checkpoints and any(
+            g == 1 and len(p) > len(s.cfg.prompts[s.jobs[act[1]].rid])
+            for (_, g, p) in set(t.store) - set(s.store)):
+        out.append("decode_checkpoint_put")
     if act[0] == "report" and len(t.jobs) < len(s.jobs):
         out.append("job_unpinned")
     if act[0] == "run_job" and len(t.store) > len(s.store):

@@ -13,6 +13,7 @@ from collections.abc import Callable
 import z3
 
 from .. import arithmetic as ar
+from .offsets import offset_lemmas, offset_mutants
 from .remembered import remembered_lemmas, remembered_mutants
 from .solve import TIMEOUT_MS, LemmaResult, prove_claim
 
@@ -136,6 +137,16 @@ def truncation_divides() -> list[LemmaResult]:
     ]
 
 
+def lookup_leaves_last_token(bound_fn: Callable = ar.max_cache_hit_length) -> LemmaResult:
+    """With vLLM 0.34's clamp (``Request.get_max_cache_hit_length``) a lookup's hit, however
+    large the explicit bound, leaves at least the last token to compute (its logits), and never
+    exceeds the bound: ``allocate_slots`` always gets a token to schedule."""
+    n, bound, a = _ints("n bound A")
+    hit = ar.aligned_lookup_length(bound_fn(n, bound, z3.BoolVal(True)), a)
+    return prove_claim("a clamped lookup leaves the last token", [n >= 1, bound >= 0, a >= 1],
+                       z3.And(hit < n, hit <= bound))
+
+
 def all_lemmas() -> list[LemmaResult]:
     """Every boundary lemma, in table order."""
     out = [ck_multiple_of_h(), ck_below_p(), ck_largest()]
@@ -143,7 +154,9 @@ def all_lemmas() -> list[LemmaResult]:
     out += tail_put_covers()
     out += clip_monotone()
     out += truncation_divides()
+    out += [lookup_leaves_last_token()]
     out += remembered_lemmas()
+    out += offset_lemmas()
     return out
 
 
@@ -163,11 +176,18 @@ def tail_from_boundary(boundary, lcm, block_size, margin):  # noqa: ANN001, ANN2
     return ar.floor_div(boundary, block_size), ar.cdiv(boundary + margin, block_size)
 
 
+def bound_unclamped(num_tokens, bound, clamp):  # noqa: ANN001, ANN201
+    """Seeded bug (vLLM 0.33's rule under 0.34): the explicit bound is used as given."""
+    return bound
+
+
 def lemma_mutants() -> dict[str, list[LemmaResult]]:
     """Mutated arithmetic, each of which some lemma must refute."""
     return {
         "ck_off_by_one": [ck_below_p(ck_off_by_one)],
         "hit_unaligned": aligned_hit_servable(alignment_unfloored, (False,), lookup=False),
         "tail_from_boundary": tail_put_covers(tail_from_boundary),
+        "bound_unclamped": [lookup_leaves_last_token(bound_unclamped)],
         **remembered_mutants(),
+        **offset_mutants(),
     }

@@ -163,6 +163,20 @@ class TurnEndPinReleasedEarly(State):
         return ids[:-1] if r.slot is not None and ids and ids[-1] == r.slot[0] else ids
 
 
+# --- vLLM 0.34's decode checkpoints: a one-token prompt whose first decode step fills a block
+_DECODE_CHECKPOINTS = {"h": 1, "bs_fa": 1, "bs_mamba": 2, "prompts": ((1,),),
+                       "responses": ((2, 3),), "decode_checkpoints": True, "workers": 1}
+
+
+@mutant("dc_keyed_by_prompt", "a decode checkpoint is keyed by the prompt's prefix alone",
+        **_DECODE_CHECKPOINTS)
+class DecodeCheckpointKeyedByPrompt(State):
+    def job_blocks(self, r: Req, puts: list[Put], n: int) -> list[int]:
+        p = tuple(r.prompt)
+        puts[:] = [(g, pre[: len(p)] if len(pre) > len(p) else pre, b) for g, pre, b in puts]
+        return super().job_blocks(r, puts, n)
+
+
 @dataclass(frozen=True)
 class MutantConfig(Config):
     """The instance a mutant was found on: its config plus the mutant's name. The model's own

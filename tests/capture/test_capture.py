@@ -68,13 +68,16 @@ def test_capture_is_deterministic_and_matches_the_corpus(tmp_path: Path, workloa
 
 def _same_capture(out: Path, corpus: Path) -> None:
     """``out`` is the corpus capture: byte for byte on the release it was captured on; on the
-    other supported release, the same trace but for the release its provenance and
+    other supported release, the same trace but for the release its provenance, config and
     description name (the workloads' ops are the same on 0.33 and 0.34)."""
     if json.loads(corpus.read_text())["provenance"]["vllm"] == vllm.__version__:
         assert out.read_text() == corpus.read_text()
         return
     got, want = json.loads(out.read_text()), json.loads(corpus.read_text())
     assert got["provenance"].pop("vllm") == vllm.__version__
+    # the release whose semantics the trace has (config.vllm, absent for 0.33: docs/releases.md)
+    assert got["config"].pop("vllm", "0.33") == ".".join(vllm.__version__.split(".")[:2])
+    assert want["config"].pop("vllm", "0.33") != ".".join(vllm.__version__.split(".")[:2])
     old, new = want["provenance"].pop("vllm"), vllm.__version__
     want["description"] = want["description"].replace(
         f"vLLM {old.rsplit('.', 1)[0]}'s", f"vLLM {new.rsplit('.', 1)[0]}'s")
@@ -165,6 +168,7 @@ def test_mooncake_store_connector_is_recorded_like_ours(tmp_path: Path) -> None:
     assert "MooncakeStoreConnector" in doc["description"]
     ours = json.loads((CASES_DIR / "cap_store_failures_fa16-m16-h4.json").read_text())
     assert ours["provenance"]["connector"] == "TailproofConnector"
+    doc["config"].pop("vllm", None)  # the release a 0.34 capture names (docs/releases.md)
     assert doc["config"] == ours["config"] and doc["ops"] == ours["ops"]
     kinds = {op["op"] for op in doc["ops"]}
     assert {"sched_lookup", "conn_step", "conn_finish", "worker_run", "worker_report",

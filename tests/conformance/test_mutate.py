@@ -42,7 +42,8 @@ def corpus_workload():  # noqa: ANN201
 def test_catalog_applies_to_installed_vllm() -> None:
     assert len(MUTANTS) >= 60
     assert len({m.id for m in MUTANTS}) == len(MUTANTS)
-    for m in MUTANTS:
+    assert {m.release for m in MUTANTS} <= {None, "0.34"}
+    for m in select():  # a mutant of another release's rule is not selected (docs/releases.md)
         _, _, _, src = mutated_source(m)  # raises StaleMutant when vLLM moved
         compile(src, m.id, "exec")
         assert m.find != m.replace, m.id
@@ -99,8 +100,11 @@ def test_corpus_kills_the_window_store_mutants(corpus_workload) -> None:  # noqa
     report = run_mutants(chosen, corpus_workload, jobs=2, timeout_s=240)
     killed = {r.id for r in report.results if r.status == KILLED}
     assert killed == {"mw-null-chunk-saved", "ms-tail-puts-null-accepted"}
-    # today by conn_w01 (the null reachable chunk) and conn_w02 (the null tail blocks)
-    assert all(r.killed_by["trace"].startswith("conn_w") for r in report.results)
+    # today by conn_w01 (the null reachable chunk) and conn_w02 (the null tail blocks) on
+    # vLLM 0.33; on 0.34 by their _v034 counterparts or conn_v034_missing_source_retried
+    windowed = {j.name for j in corpus_workload.jobs
+                if any(g.kind == "sliding_window" for g in j.config.groups)}
+    assert all(r.killed_by["trace"] in windowed for r in report.results)
 
 
 def test_cli_json_and_bad_module(capsys: pytest.CaptureFixture[str]) -> None:

@@ -62,6 +62,12 @@ CASES = {
     "unitary_finer_hash": (lambda d: d["config"].update(
         groups=[{"kind": "full_attention", "block_size": 8}]), "config.hash_block_size",
         "one group"),
+    "vllm_unknown_release": (lambda d: d["config"].update(vllm="0.35"), "config.vllm",
+                             "must be one of '0.33', '0.34'"),
+    "vllm_not_a_string": (lambda d: d["config"].update(vllm=0.34), "config.vllm",
+                          "must be one of"),
+    "hash_lookahead": (lambda d: d["config"].update(num_hash_lookahead_tokens=3),
+                       "config.num_hash_lookahead_tokens", "not modelled"),
 }
 
 

@@ -169,3 +169,26 @@ def test_preempted_and_readmitted_in_one_step_keeps_its_load(readmitted: bool) -
              if j.load_spec is not None]
     assert loads == [("r", 44)]  # issued once, in the admission's meta
     assert ("r" in sched.unfinished_requests) == readmitted
+
+
+@pytest.mark.parametrize(("vllm", "offset", "pressure"), [("0.33", 16, False),
+                                                          ("0.34", None, True)])
+def test_missing_source_block_keeps_the_offset_on_034(vllm: str, offset: int | None,
+                                                      pressure: bool) -> None:
+    """A normal save whose FA source block 1 is null puts block 0's key. vLLM 0.33 counts the
+    save complete (offset 16, the pressure gate cleared); 0.34 records nothing and keeps the
+    gate (``_handle_request`` / ``_record_saved_offset``: the range is retried)."""
+    from tailproof.reference.connector.worker import SendingWorker
+    from tailproof.reference.releases import RELEASES
+
+    geo = StoreGeometry.from_config(_cfg(8, False, h=4, m_bs=16))
+    w = SendingWorker(0, geo, ScriptedStore(), RELEASES[vllm])
+    w.store_pressure_active = True
+    job = StoreJob(req_id="r", token_len_chunk=16, block_ids=([5, 0], [0]),
+                   block_hashes=[bytes([i]) for i in range(4)], num_prompt_tokens=20,
+                   completed_token_len=16, store_job_id=0)
+    w.add_request(job)
+    ((_, first, err),) = w.run(None)
+    assert err is None and len(w.store.log) - first == 1  # block 0's key, one batch
+    assert w.saved_offset.get("r") == offset
+    assert w.store_pressure_active is pressure

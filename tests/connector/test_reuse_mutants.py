@@ -54,7 +54,7 @@ def test_mutant_killed_by_an_extension_case(mutant: Any, traces: list[Any]) -> N
 def test_junction_mutant_killed_by_a_junction_case(mutant: Any, traces: list[Any]) -> None:
     """Each junction mutant is killed by a junction case alone (not only by a turn-end one)."""
     junction = [t for t in traces if t.name.startswith(JUNCTION_CASES)]
-    assert len(junction) == len(JUNCTION_CASES)
+    assert {t.name[:8] for t in junction} == set(JUNCTION_CASES)
     with applied(mutant):
         kill = first_kill(junction)
     assert kill is not None and kill[0].startswith(JUNCTION_CASES), mutant.id

@@ -44,12 +44,13 @@ class ReferenceConnector(ConnectorAdapter):
         super().__init__(config)
         self.geo = StoreGeometry.from_config(config)
         self.cconf = ConnectorConfig.from_doc(self.conf)
+        rules = core_backend.geo.release  # the trace's vLLM release (config.vllm)
         self.sched = ConnectorScheduler(self.cconf, self.geo, _PoolById(core_backend.block_pool),
-                                        num_blocks=config.num_blocks)
+                                        num_blocks=config.num_blocks, rules=rules)
         self.offsets: dict[int, int] = {}  # reported with the completed saves (readable pins)
         self.store = ScriptedStore()
         self.memos: dict[str, LookupMemo] = {}  # remembered lookups of waiting requests
-        self.workers = [SendingWorker(r, self.geo, self.store)
+        self.workers = [SendingWorker(r, self.geo, self.store, rules)
                         for r in range(self.cconf.num_workers)]
         if self.junctions:  # EXTENSION (docs/junctions.md, "The hook")
             self.sched.junctions.hook = core_backend.junction_hook(self.cconf.device_junctions)

@@ -76,6 +76,13 @@ class Case:
         self._emit(op(name, **fields))
         return self
 
+    def replay(self, ops: Iterable[Op]) -> Case:
+        """Write ops as a stored case holds them (their ``expect`` dropped): a counterpart of
+        a case for another vLLM release runs the same ops (``release_cases.py``)."""
+        for o in ops:
+            self._emit({k: v for k, v in o.items() if k != "expect"})
+        return self
+
     def add(self, rid: str, tokens: list[Any], max_tokens: int = 16) -> Case:
         return self.op("add_request", rid=rid, tokens=tokens, max_tokens=max_tokens)
 

@@ -541,8 +541,44 @@ def c33() -> Case:
     return c
 
 
+def _lookup_bounds(c: Case) -> Case:
+    """An 8-token request is prefilled (states at 4, the tail 6 and 8) and freed; the same
+    prompt is then looked up under explicit bounds past, at and below its last token, and with
+    none, and scheduled with the default lookup's hit."""
+    c.add("r0", list(range(8)))
+    c.prefill("r0", 3)
+    c.op("free", rid="r0")
+    c.add("r1", list(range(8)))
+    c.op("new_step")
+    for bound in (8, 20, 7, 5):
+        c.op("lookup", rid="r1", max_len=bound)
+    c.op("lookup", rid="r1")
+    c.steps.schedule("r1", use_hit=True)
+    c.steps.end(["r1"])
+    return c
+
+
+def c54() -> Case:
+    return _lookup_bounds(Case(
+        "core_c54_lookup_bound_taken_as_given",
+        "vLLM 0.33's KVCacheManager.get_computed_blocks takes an explicit lookup bound as "
+        "given: with a bound of 8 or more the 8-token prompt hits all of its 8 tokens (FA "
+        "[1,2,4,6], Mamba state at 8); 7 hits 6 (the tail state), 5 hits 4; no bound means "
+        "num_tokens - 1 (hit 6). Its vLLM 0.34 counterpart clamps (core_c54_..._v034).", C1))
+
+
+def c54_v034() -> Case:
+    return _lookup_bounds(Case(
+        "core_c54_lookup_bound_taken_as_given_v034",
+        "vLLM 0.34 clamps an explicit lookup bound to num_tokens - 1 "
+        "(Request.get_max_cache_hit_length, called by KVCacheManager.get_computed_blocks): "
+        "bounds of 8 and 20 now hit 6 like the default lookup, so the last token is always "
+        "recomputed; 7 hits 6 and 5 hits 4 as on 0.33 (core_c54_lookup_bound_taken_as_given).",
+        {**C1, "vllm": "0.34"}))
+
+
 ALL = [c01, c02, c03, c04, c05, c06, c07, c08, c09, c10, c11, c12, c13, c14, c15, c16, c17, c18,
-       c19, c20, c21, c22, c23, c24, c25, c26, c27, c28, c29, c30, c31, c32, c33]
+       c19, c20, c21, c22, c23, c24, c25, c26, c27, c28, c29, c30, c31, c32, c33, c54, c54_v034]
 
 if __name__ == "__main__":
     raise SystemExit(main(ALL, sys.argv[1:]))

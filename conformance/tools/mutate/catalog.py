@@ -8,7 +8,9 @@ applied to the wrong group. Some re-introduce fixed upstream bugs (``upstream``)
 the core coordinator and in the store's copy of its fixed point), #49502, #50359, #51358,
 #51766, #52832, #54360 and #33775 (``conformance/tools/history`` lists them with their cases).
 A mutant that cannot change behaviour carries the reason in ``equivalent``; it is reported,
-not scored.
+not scored. A mutant of one release's rule (``release``, docs/releases.md) runs only where that
+release is installed; the 0.34 rules' mutants edit vLLM 0.34's code, or the reference where the
+rule is decided by code the adapters stand in for (``Scheduler.schedule``'s request order).
 """
 
 from __future__ import annotations
@@ -27,12 +29,15 @@ MS = _MOONCAKE + "scheduler"
 MW = _MOONCAKE + "worker"
 MCO = _MOONCAKE + "coordinator"
 MD = _MOONCAKE + "data"
+RQ = "vllm.v1.request"
+REF_CONN = "tailproof.reference.connector.scheduler"
 
 _LABELS = {BP: "core/block_pool", KU: "core/kv_cache_utils", KI: "kv_cache_interface",
            ST: "core/single_type_kv_cache_manager", CO: "core/kv_cache_coordinator",
            KM: "core/kv_cache_manager", SC: "core/sched/scheduler",
            MS: "mooncake/store/scheduler", MW: "mooncake/store/worker",
-           MCO: "mooncake/store/coordinator", MD: "mooncake/store/data"}
+           MCO: "mooncake/store/coordinator", MD: "mooncake/store/data", RQ: "request",
+           REF_CONN: "reference/connector/scheduler"}
 
 
 def module_label(module: str) -> str:
@@ -51,11 +56,17 @@ class Mutant:
     count: int = 1
     upstream: str | None = None
     equivalent: str | None = None
+    release: str | None = None  # the vLLM release whose rule it breaks; None: any
 
     @property
     def connector_only(self) -> bool:
         """Only traces that run the Mooncake connector can observe this mutant."""
-        return self.module.startswith("vllm.distributed.")
+        return self.module.startswith(("vllm.distributed.", "tailproof.reference.connector"))
+
+    @property
+    def on_reference(self) -> bool:
+        """A mutant of the reference model: replayed on the reference, not on vLLM."""
+        return self.module.startswith("tailproof.reference")
 
 
 def _m(id: str, module: str, qualname: str, find: str, replace: str, why: str,
@@ -582,4 +593,43 @@ MUTANTS: list[Mutant] = [
        "for hash_idx in range(hit_boundary_hash_idx + 1, next_chunk_hash_idx):",
        "for hash_idx in range(hit_boundary_hash_idx + 2, next_chunk_hash_idx):",
        "the tail key search skips the first boundary after the hit (EAGLE proof key)"),
+    # --- vLLM 0.34's rules (docs/releases.md) ---------------------------------------------------
+    _m("ms-034-56972-decode-checkpoint-dropped", MS,
+       "MooncakeStoreScheduler._handle_boundary_state_offloads",
+       "if is_decode_boundary and not self.save_decode_cache:", "if is_decode_boundary:",
+       "decode-time Mamba states are dropped even with save_decode_cache (reverts the fix)",
+       upstream="#56972 (decode-time Mamba states never stored), fixed in 0.34",
+       release="0.34"),
+    _m("ms-034-consumer-stores-prompt-boundary", MS,
+       "MooncakeStoreScheduler._handle_boundary_state_offloads",
+       "if not is_decode_boundary and self.kv_role == \"kv_consumer\":", "if False:",
+       "a consumer saving decode KV also claims and pins prompt-time boundary states",
+       release="0.34"),
+    _m("ms-034-resumed-prefill-ends-at-prompt", MS, "MooncakeStoreScheduler.build_connector_meta",
+       "prefill_end_tokens=len(prefill_tokens),",
+       "prefill_end_tokens=request_real.num_prompt_tokens,",
+       "a resumed request (now a new one) ends its prefill at the prompt: the boundaries of "
+       "its replayed outputs are dropped as decode ones",
+       release="0.34"),
+    _m("ms-034-preempt-keeps-tracker", MS, "MooncakeStoreScheduler.build_connector_meta",
+       "self._request_trackers.pop(req_id, None)", "pass",
+       "a preempted request keeps its save tracker (neither dropped nor reset)",
+       release="0.34"),
+    _m("mw-034-missing-source-advances", MW, "KVCacheStoreSendingThread._handle_request",
+       "            and not missing_source_blocks\n        ):", "        ):",
+       "a save that skipped a missing source block still advances the offset (and clears "
+       "the pressure gate): the skipped range is never retried",
+       release="0.34"),
+    _m("rq-034-bound-unclamped", RQ, "Request.get_max_cache_hit_length",
+       "limits = (self.num_tokens - 1, self.prefix_cache_hit_limit, bound)",
+       "limits = (self.num_tokens - 1 if bound is None else None, "
+       "self.prefix_cache_hit_limit, bound)",
+       "an explicit lookup bound is not clamped, so a hit may cover the last token",
+       release="0.34"),
+    _m("ref-034-resumed-after-running", REF_CONN, "ConnectorScheduler.build_connector_meta",
+       "as_new = (\"new\", \"resumed\") if self.rules.resumed_as_new else (\"new\",)",
+       "as_new = (\"new\",)",
+       "0.34's resumed requests are handled after the running ones, as 0.33's cached rows "
+       "(Scheduler.schedule decides the order; the adapters stand in for it)",
+       release="0.34"),
 ]

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tailproof.conformance.harness.adapters import make_driver
+from tailproof.conformance.harness.releases import installed_release
 from tailproof.conformance.tools.mutate.apply import StaleMutant, apply_mutant
 from tailproof.conformance.tools.mutate.catalog import MUTANTS, Mutant, module_label
 from tailproof.conformance.tools.mutate.workload import Job, Workload
@@ -94,10 +95,12 @@ class Report:
 def select(module: str | None = None, sample: int | None = None,
            ids: list[str] | None = None) -> list[Mutant]:
     """The catalog filtered by module label (substring), ids, and a fixed sample: every
-    k-th mutant in catalog order, so the same sample is drawn every run."""
+    k-th mutant in catalog order, so the same sample is drawn every run. A mutant of one
+    release's rule is left out unless that release is installed."""
+    release = installed_release()
     chosen = [m for m in MUTANTS
               if (module is None or module in module_label(m.module))
-              and (not ids or m.id in ids)]
+              and (not ids or m.id in ids) and m.release in (None, release)]
     if sample is not None and 0 < sample < len(chosen):
         step = len(chosen) / sample
         chosen = [chosen[int(i * step)] for i in range(sample)]
@@ -116,8 +119,8 @@ def _replay(m: Mutant, jobs: list[Job]) -> dict[str, Any]:
         if not _relevant(m, job):
             continue
         run += 1
-        try:
-            driver = make_driver(job.adapter, job.config)
+        try:  # a reference mutant is compared with the unmutated reference it breaks
+            driver = make_driver("reference" if m.on_reference else job.adapter, job.config)
         except Exception as e:  # noqa: BLE001 - a mutant that breaks set-up is caught
             return {"status": KILLED, "traces_run": run, "killed_by": {
                 "trace": job.name, "source": job.source, "op_index": -1, "op": "(setup)",
