@@ -311,15 +311,14 @@ def _layer_caches(worker: Any) -> dict[str, Any]:
 
 def registered_kv_caches(worker: Any) -> dict[str, dict[str, Any]]:
     """What the runner handed ``register_kv_caches``, per layer: shape, strides, dtype, byte
-    offset into the shared buffer; plus each layer's bound views (``views``)."""
-    from vllm.model_executor.models.utils import extract_layer_index
+    offset into the shared buffer; plus each layer's bound views (``views``). The runner's
+    per-layer tensors come from ``release.runner_kv_caches_by_layer`` (V1 and V2 keep them
+    differently)."""
+    from tailproof.conformance.realengine.release import runner_kv_caches_by_layer
 
-    runner = worker.model_runner
-    names = sorted((n for g in runner.kv_cache_config.kv_cache_groups for n in g.layer_names),
-                   key=extract_layer_index)
     bound = _layer_caches(worker)
     out: dict[str, dict[str, Any]] = {}
-    for name, t in zip(names, runner.kv_caches, strict=True):
+    for name, t in sorted(runner_kv_caches_by_layer(worker.model_runner).items()):
         views = bound[name] if isinstance(bound[name], (tuple, list)) else [bound[name]]
         out[name] = {
             "shape": list(t.shape), "stride": list(t.stride()), "dtype": str(t.dtype),
