@@ -181,6 +181,14 @@ def engine_metrics(llm: Any) -> dict[str, float]:
     return out
 
 
+def release_switch(llm: Any, name: str) -> Any:
+    """A ``release`` switch as the bed's own vLLM answers it (``Bed.call(release_switch, name)``:
+    a test's expectation per release, read in the engine's process)."""
+    from tailproof.conformance.realengine import release
+
+    return getattr(release, name)()
+
+
 def _dispatch(llm: Any, op: str, payload: Any) -> Any:
     """One request of the parent, run against the bed's ``LLM``."""
     if op == "generate":

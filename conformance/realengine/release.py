@@ -79,3 +79,26 @@ def runner_kv_caches_by_layer(runner: Any) -> dict[str, Any]:
     else:
         names = [n for t in config.kv_cache_tensors for n in t.layers]
     return dict(zip(names, runner.kv_caches, strict=True))
+
+
+@cache
+def block_copy_covers_every_view() -> bool:
+    """Whether vLLM's copy-on-write block copy copies every view of a shared allocation, asked of
+    vLLM's own function on a two-block buffer seen through a short and a full page view at one
+    address (a Mamba state view and the attention view it shares a page with).
+
+    vLLM 0.33 (``copy_kv_cache_blocks_inplace``, ``v1/worker/utils.py``): views deduplicated by
+    ``(device, data_ptr)``, so only the first one is copied: when a Mamba view comes first, the
+    attention K/V beyond its state bytes stays stale (docs/history.md). vLLM 0.34 (same
+    function): the key adds shape, strides and element size, and both views are copied.
+    """
+    import torch
+    from vllm.v1.worker.utils import copy_kv_cache_blocks_inplace
+
+    page = 8
+    buf = torch.zeros(3 * page, dtype=torch.int8)  # more than the blocks: a per-view copy
+    full = buf[: 2 * page].view(2, page)
+    short = full[:, : page // 2]
+    full[0] = torch.arange(1, page + 1, dtype=torch.int8)
+    copy_kv_cache_blocks_inplace([short, full], 2, [(0, 1)])
+    return bool(full[1].equal(full[0]))
