@@ -267,6 +267,13 @@ def gumbel_sample_cpu(logits: torch.Tensor, expanded_idx_mapping: torch.Tensor,
     return out
 
 
+def define(lib: torch.library.Library) -> None:
+    """Define and implement every op of :data:`SCHEMAS` in ``lib``'s namespace."""
+    for name, schema in SCHEMAS.items():
+        lib.define(name + schema)
+        lib.impl(name, globals()[name], "CompositeExplicitAutograd")
+
+
 def register() -> None:
     """Define every op of :data:`SCHEMAS` in the ``_C`` namespace (idempotent; keeps the
     library alive)."""
@@ -275,7 +282,5 @@ def register() -> None:
         if _LIB is not None:
             return
         lib = torch.library.Library("_C", "FRAGMENT")
-        for name, schema in SCHEMAS.items():
-            lib.define(name + schema)
-            lib.impl(name, globals()[name], "CompositeExplicitAutograd")
+        define(lib)
         _LIB = lib
