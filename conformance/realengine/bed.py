@@ -1,5 +1,6 @@
-"""The real-engine test bed: vLLM 0.33's ``LLM`` on CPU with the tiny hybrid model, one engine
-per child process. This module is the API the real-engine tests (and ``tailproof smoke``) use.
+"""The real-engine test bed: vLLM's ``LLM`` on CPU (0.33: Model Runner V1; 0.34: the standalone
+CPU Model Runner V2) with the tiny hybrid model, one engine per child process. This module is
+the API the real-engine tests (and ``tailproof smoke``) use.
 
 Why a child process: vLLM resolves its platform once per process (``current_platform``) and
 many modules bind it at import; a pytest process that already imported vLLM for the simulated
@@ -77,7 +78,7 @@ class EngineSpec:
     max_num_batched_tokens: int | None = None
     max_num_seqs: int | None = None
     weights_seed: int = 0
-    mamba_first: bool = False  # model.py: reproduces vLLM 0.33's block-copy bug
+    mamba_first: bool = False  # model.py: reproduces vLLM 0.33's block-copy bug (fixed in 0.34)
     engine_args: dict[str, Any] = field(default_factory=dict)  # any other LLM(...) argument
     env: dict[str, str] = field(default_factory=dict)  # extra environment of the bed process
 

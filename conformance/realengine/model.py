@@ -6,14 +6,14 @@ run time (:func:`write_model_dir` writes ``config.json`` + ``model.safetensors``
 downloaded) and vLLM's own ``DefaultModelLoader`` loads them.
 
 Layers alternate attention and Mamba (:func:`layer_kinds`, Jamba's ``attn_layer_period`` /
-``attn_layer_offset``), so each KV cache group holds several layers and the connector's
-per-layer offsets matter. Attention comes first by default: vLLM 0.33's block copy
-(``copy_kv_cache_blocks_inplace``, ``v1/worker/utils.py``) copies each shared page once, through
-the first layer's view, and a Mamba view first covers only the state bytes of its padded page,
-so the attention K/V sharing that page is not copied on a device partial hit
-(``mamba_first=True`` reproduces it; docs/impl.md). The Mamba layers are Mamba-1 in plain
-torch: backend ``MAMBA1`` (vLLM's ``Mamba1AttentionMetadataBuilder``), conv and SSM state kept
-in the Mamba group's pages (``MambaBase.bind_kv_cache`` views), read and written at
+``attn_layer_offset``), so each KV cache group holds several layers and the connector's per-layer
+offsets matter. Attention comes first by default: vLLM 0.33's block copy
+(``copy_kv_cache_blocks_inplace``, ``v1/worker/utils.py``) copies each shared page once, through the
+first layer's view, and a Mamba view first covers only the state bytes of its padded page, so the
+attention K/V sharing that page is not copied on a device partial hit (``mamba_first=True``
+reproduces it; docs/impl.md; fixed in 0.34). The Mamba layers are Mamba-1 in plain torch: backend
+``MAMBA1`` (vLLM's ``Mamba1AttentionMetadataBuilder``), conv and SSM state kept in the Mamba group's
+pages (``MambaBase.bind_kv_cache`` views), read and written at
 ``state_indices_tensor_p/_d``, starting from zeros where ``has_initial_states_p`` is false.
 
 Why outputs depend on every cached value: no normalisation or saturating activation sits
