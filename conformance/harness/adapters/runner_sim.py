@@ -148,9 +148,12 @@ class SimRunner:
         for g, gs in enumerate(self.groups):
             for name in self.layer_names[g]:
                 if gs.kind == "mamba":
+                    # state_alignment: 0.34's bind_kv_cache rounds each state up to it
+                    # (MambaBase's default, 1: packed contiguously, as 0.33 always packs).
                     layer = SimpleNamespace(
                         get_state_shape=lambda: ((self.CONV,), (self.SSM,)),
-                        get_state_dtype=lambda: (torch.float32, torch.float32))
+                        get_state_dtype=lambda: (torch.float32, torch.float32),
+                        state_alignment=getattr(MambaBase, "state_alignment", 1))
                     MambaBase.bind_kv_cache(layer, self.kv[name])  # type: ignore[arg-type]
                     self._states[name] = layer.kv_cache
                 else:
