@@ -38,9 +38,10 @@ def triton_check_answered_by_standalone_runner() -> Iterator[None]:
     ("Non-x86 CPUs without Triton use the standalone CPU model runner"). The test bed builds the
     standalone runner on x86 (``TestBedPlatform.uses_standalone_cpu_model_runner``), which needs
     no Triton, so for that one call the check reads ``HAS_TRITON`` as true. Nothing else reads
-    the flag during the call (it is imported inside the method; the modules that test it at
-    import time are imported before it, by the platform's own resolution), and it is restored
-    after. vLLM 0.33 only warns there ("triton-cpu is expected on x86 CPUs"): left as it is.
+    the flag during the call: the method imports it in its body, and no module is first
+    imported during the call (the modules that test the flag at import time are loaded by
+    then); it is restored after. vLLM 0.33 only warns there ("triton-cpu is expected on x86
+    CPUs"): left as it is.
     """
     if not standalone_cpu_runner():
         yield
