@@ -6,8 +6,8 @@ Runs the real-engine oracle's passes (cold, warm, store-hit, after-reset) agains
 with prefix caching off, on the same GPU, and writes one JSON verdict: which model runner ran,
 what it registered with the connector, each pass's differences and cached tokens, the
 connector's counters. Exit 0 when every pass equals the truth and the store-hit pass was served
-from the store, 1 otherwise. ``--cpu`` runs the same on the CPU test bed (V1), to check the
-script itself where there is no GPU.
+from the store, 1 otherwise. ``--cpu`` runs the same on the CPU test bed (0.33: V1; 0.34: the
+standalone CPU V2), to check the script itself where there is no GPU.
 
     .venv/bin/python scripts/device_v2_e2e.py --out out/device/v2-e2e.json [--cpu]
 """
@@ -34,7 +34,7 @@ def runner_kind(worker: Any) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="the JSON verdict's file")
-    ap.add_argument("--cpu", action="store_true", help="the CPU test bed (V1), no GPU")
+    ap.add_argument("--cpu", action="store_true", help="the CPU test bed (no GPU)")
     ap.add_argument("--max-tokens", type=int, default=oracle.MAX_TOKENS)
     args = ap.parse_args(argv)
     env = {} if args.cpu else GPU_ENV

@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import importlib.util
 import json
+import os
 import signal
 import sys
 import threading
@@ -26,6 +27,24 @@ from tailproof.conformance.harness.replay import (
     run_trace,
 )
 from tailproof.conformance.tools.history import findings as history
+
+
+@contextlib.contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """Inside: everything written to stdout, by this process (Python or native code) or by a
+    child it starts (which inherits file descriptor 1), goes to stderr. A command whose stdout
+    is its verdict (``--json``: one document) prints it after the block."""
+    out = sys.stdout
+    out.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        out.flush()  # what a logger wrote through the old stream: still to stderr
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def expand_paths(args: list[str]) -> tuple[list[Path], list[str]]:

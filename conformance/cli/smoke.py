@@ -6,9 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from tailproof.conformance.cli.common import (
-    _sub,
-)
+from tailproof.conformance.cli.common import _sub, stdout_to_stderr
 from tailproof.conformance.harness.errors import DIVERGED, OK, UsageError
 from tailproof.conformance.realengine import smoke
 
@@ -16,8 +14,9 @@ from tailproof.conformance.realengine import smoke
 def cmd_smoke(args: argparse.Namespace) -> int:
     if args.max_tokens < 1:
         raise UsageError(f"--max-tokens must be >= 1, got {args.max_tokens}", "pass e.g. 80")
-    cfg = smoke.parse_config(args.kv_transfer_config)
-    verdict = smoke.run(cfg, max_tokens=args.max_tokens)
+    with stdout_to_stderr():  # vLLM logs to stdout, in this process and in the engine's
+        cfg = smoke.parse_config(args.kv_transfer_config)
+        verdict = smoke.run(cfg, max_tokens=args.max_tokens)
     print(json.dumps(verdict, indent=2) if args.json else smoke.render(verdict))
     return OK if verdict["ok"] else DIVERGED
 
@@ -31,4 +30,5 @@ def register_smoke(sub: Any) -> None:
                         "TailproofConnector with your store and namespace")
     s.add_argument("--max-tokens", type=int, default=80,
                    help="tokens generated per prompt (80 crosses a 64-token Mamba block)")
-    s.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    s.add_argument("--json", action="store_true",
+                   help="print one JSON document on stdout (every log line goes to stderr)")

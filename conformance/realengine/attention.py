@@ -1,10 +1,10 @@
 """A plain-torch paged attention backend for the test bed (vLLM's ``CPU_ATTN`` needs native ops).
 
-Mirrors vLLM 0.33's ``FlashAttentionBackend`` where the connector can see it: the KV cache of a
-layer is the 4D view ``[B, H, N, 2*D]`` that ``allocate_kv_cache`` (``v1/worker/utils.py``)
-builds over the shared int8 buffer, K and V fused in the last axis, no layout preference
-(``supported_kv_cache_layouts`` None, so vLLM resolves its default ``LBNHC``), the cache written
-by ``do_kv_cache_update`` through ``slot_mapping`` before ``forward`` reads it
+Mirrors vLLM's ``FlashAttentionBackend`` (0.33 and 0.34) where the connector can see it: the KV
+cache of a layer is the 4D view ``[B, H, N, 2*D]`` that ``allocate_kv_cache``
+(``v1/worker/utils.py``) builds over the shared int8 buffer, K and V fused in the last axis, no
+layout preference (``supported_kv_cache_layouts`` None, so vLLM resolves its default ``LBNHC``), the
+cache written by ``do_kv_cache_update`` through ``slot_mapping`` before ``forward`` reads it
 (``forward_includes_kv_cache_update = False``). Attention reads every key back from the paged
 cache (gathered through the block table), so a loaded block that differs by one value changes
 the output. Arithmetic is float64 and rounded to float32 once, so a token's result does not

@@ -1,5 +1,6 @@
-"""The real-engine test bed: vLLM 0.33's ``LLM`` on CPU with the tiny hybrid model, one engine
-per child process. This module is the API the real-engine tests (and ``tailproof smoke``) use.
+"""The real-engine test bed: vLLM's ``LLM`` on CPU (0.33: Model Runner V1; 0.34: the standalone
+CPU Model Runner V2) with the tiny hybrid model, one engine per child process. This module is
+the API the real-engine tests (and ``tailproof smoke``) use.
 
 Why a child process: vLLM resolves its platform once per process (``current_platform``) and
 many modules bind it at import; a pytest process that already imported vLLM for the simulated
@@ -72,12 +73,13 @@ class EngineSpec:
     kv_cache_memory_bytes: int = 64 << 20
     max_model_len: int = 4096
     executor: str = "uni"  # distributed_executor_backend: "uni" or "mp"
+    tensor_parallel_size: int = 1  # > 1: the "mp" executor, one worker process per rank
     core_process: bool = False  # the engine core in its own process (EngineCoreProc)
     kv_transfer_config: dict[str, Any] | None = None
     max_num_batched_tokens: int | None = None
     max_num_seqs: int | None = None
     weights_seed: int = 0
-    mamba_first: bool = False  # model.py: reproduces vLLM 0.33's block-copy bug
+    mamba_first: bool = False  # model.py: reproduces vLLM 0.33's block-copy bug (fixed in 0.34)
     engine_args: dict[str, Any] = field(default_factory=dict)  # any other LLM(...) argument
     env: dict[str, str] = field(default_factory=dict)  # extra environment of the bed process
 
@@ -91,6 +93,8 @@ class EngineSpec:
             "distributed_executor_backend": self.executor,
             "disable_log_stats": False,
         }
+        if self.tensor_parallel_size > 1:
+            kw["tensor_parallel_size"] = self.tensor_parallel_size
         if self.prefix_caching:
             kw["prefix_match_unit"] = self.prefix_match_unit
         if self.kv_transfer_config is not None:
@@ -136,6 +140,11 @@ class Completion:
 def _serve(conn: Any, spec: dict[str, Any], model_dir: str) -> None:
     """Bed process main: build the LLM, then answer (op, payload) requests until "close"."""
     os.environ.update({**BED_ENV, **spec["env"]})
+    if spec["tensor_parallel_size"] > 1:
+        # vLLM's CPU executor binds each worker's OpenMP threads to a NUMA node of its own
+        # (``OMPProcessManager``, ``utils/ompmultiprocessing.py``) and refuses more workers than
+        # nodes; the bed's workers run one thread each (BED_ENV) and need no binding.
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     if not spec["core_process"]:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     try:
@@ -179,6 +188,14 @@ def engine_metrics(llm: Any) -> dict[str, float]:
         if isinstance(m, (Counter, Gauge)):
             out[m.name] = out.get(m.name, 0.0) + float(m.value)
     return out
+
+
+def release_switch(llm: Any, name: str) -> Any:
+    """A ``release`` switch as the bed's own vLLM answers it (``Bed.call(release_switch, name)``:
+    a test's expectation per release, read in the engine's process)."""
+    from tailproof.conformance.realengine import release
+
+    return getattr(release, name)()
 
 
 def _dispatch(llm: Any, op: str, payload: Any) -> Any:
@@ -311,15 +328,14 @@ def _layer_caches(worker: Any) -> dict[str, Any]:
 
 def registered_kv_caches(worker: Any) -> dict[str, dict[str, Any]]:
     """What the runner handed ``register_kv_caches``, per layer: shape, strides, dtype, byte
-    offset into the shared buffer; plus each layer's bound views (``views``)."""
-    from vllm.model_executor.models.utils import extract_layer_index
+    offset into the shared buffer; plus each layer's bound views (``views``). The runner's
+    per-layer tensors come from ``release.runner_kv_caches_by_layer`` (V1 and V2 keep them
+    differently)."""
+    from tailproof.conformance.realengine.release import runner_kv_caches_by_layer
 
-    runner = worker.model_runner
-    names = sorted((n for g in runner.kv_cache_config.kv_cache_groups for n in g.layer_names),
-                   key=extract_layer_index)
     bound = _layer_caches(worker)
     out: dict[str, dict[str, Any]] = {}
-    for name, t in zip(names, runner.kv_caches, strict=True):
+    for name, t in sorted(runner_kv_caches_by_layer(worker.model_runner).items()):
         views = bound[name] if isinstance(bound[name], (tuple, list)) else [bound[name]]
         out[name] = {
             "shape": list(t.shape), "stride": list(t.stride()), "dtype": str(t.dtype),
@@ -361,19 +377,33 @@ def connector_counters(worker: Any) -> dict[str, int]:
     return side.metrics.c.totals()
 
 
-def corrupt_store_values(worker: Any, count: int | None = None) -> int:
-    """Flip one payload byte in ``count`` stored values (all when None), through the memory
-    store's API (read, remove, put back changed); returns how many were corrupted."""
+def _value_size(store: Any, key: str) -> int | None:
+    """A stored value's size: the memory store's API, or the Mooncake client's ``get_size``
+    (the connector's ``MooncakeStore`` has no size query; the test bed reads its client)."""
+    if hasattr(store, "value_size"):
+        return store.value_size(key)
+    size = int(store._client.get_size(key))
+    return size if size >= 0 else None
+
+
+def corrupt_store_values(worker: Any, count: int | None = None,
+                         keys: list[str] | None = None, rank: int | None = None) -> int:
+    """Flip one payload byte in ``count`` stored values (all when None), through the store's
+    API (read, remove, put back changed); returns how many were corrupted. ``keys``: these
+    values (default: every key of the memory store); ``rank``: only on that tensor-parallel
+    rank's worker (the others do nothing and return 0)."""
     import numpy as np
     from vllm.distributed.kv_transfer import get_kv_transfer_group
 
+    if rank is not None and tp_rank(worker) != rank:
+        return 0
     store = get_kv_transfer_group().store
-    keys = store.keys()
+    keys = list(store.keys() if keys is None else keys)
     if count is not None:
         keys = keys[:count]
     done = 0
     for key in keys:
-        size = store.value_size(key)
+        size = _value_size(store, key)
         if size is None:
             continue
         buf = np.empty(size, np.uint8)
@@ -384,3 +414,81 @@ def corrupt_store_values(worker: Any, count: int | None = None) -> int:
         if store.put(key, buf).ok:
             done += 1
     return done
+
+
+def remove_store_values(worker: Any, keys: list[str], rank: int = 0) -> int:
+    """Remove ``keys`` from the store, on tensor-parallel rank ``rank``'s worker only (the
+    store is shared); returns how many were removed (0 on the other ranks)."""
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+    if tp_rank(worker) != rank:
+        return 0
+    return get_kv_transfer_group().store.remove(keys)
+
+
+def tp_rank(worker: Any) -> int:
+    """This worker's tensor-parallel rank."""
+    from vllm.distributed import get_tensor_model_parallel_rank
+
+    return get_tensor_model_parallel_rank()
+
+
+#: per worker process: the gate that :func:`hold_store_puts` put in front of its store puts
+_PUT_GATE: dict[str, Any] = {}
+
+
+def hold_store_puts(worker: Any, rank: int) -> bool:
+    """On tensor-parallel rank ``rank``'s worker: every store put of the connector waits until
+    :func:`release_store_puts` (the other ranks' puts run). A save job on that rank then stays
+    unfinished, so the scheduler's pins of its blocks must stay. Returns whether this worker
+    is the one held."""
+    import threading
+
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+    if tp_rank(worker) != rank:
+        return False
+    store = get_kv_transfer_group().store
+    gate = _PUT_GATE.setdefault("event", threading.Event())
+    gate.clear()
+    for name in ("put_batch", "write_batch"):
+        original = getattr(type(store), name)
+
+        def held(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
+            gate.wait()
+            return _original(store, *args, **kwargs)
+
+        setattr(store, name, held)
+    return True
+
+
+def release_store_puts(worker: Any) -> bool:
+    """Open :func:`hold_store_puts`'s gate (no-op on a worker that holds none)."""
+    gate = _PUT_GATE.get("event")
+    if gate is None:
+        return False
+    gate.set()
+    return True
+
+
+# --- engine-side helpers (run in the bed process through Bed.call) ---------------------------
+
+
+def scheduler_connector(llm: Any) -> Any:
+    """The scheduler role's ``TailproofConnector`` (engine core in the bed process)."""
+    return llm.llm_engine.engine_core.engine_core.scheduler.connector
+
+
+def scheduler_pins(llm: Any) -> dict[str, Any]:
+    """The scheduler role's pins: blocks pinned, and per held store job how many workers have
+    yet to report it finished; plus the connector's key epoch."""
+    side = scheduler_connector(llm).scheduler_side
+    return {"pinned_blocks": side.metrics.pinned_blocks,
+            "held": {job: left for job, (_, left) in side.held.items()},
+            "epoch": side.epoch, "loads_failed": side.metrics.c.totals().get("loads_failed", 0)}
+
+
+def drain_store_jobs(llm: Any, timeout: float) -> bool:
+    """Wait up to ``timeout`` on every worker for its store jobs and take their reports now
+    (``TailproofConnector.drain_for_reset``); whether no pin is left."""
+    return scheduler_connector(llm).drain_for_reset(llm.collective_rpc, timeout)

@@ -6,14 +6,14 @@ run time (:func:`write_model_dir` writes ``config.json`` + ``model.safetensors``
 downloaded) and vLLM's own ``DefaultModelLoader`` loads them.
 
 Layers alternate attention and Mamba (:func:`layer_kinds`, Jamba's ``attn_layer_period`` /
-``attn_layer_offset``), so each KV cache group holds several layers and the connector's
-per-layer offsets matter. Attention comes first by default: vLLM 0.33's block copy
-(``copy_kv_cache_blocks_inplace``, ``v1/worker/utils.py``) copies each shared page once, through
-the first layer's view, and a Mamba view first covers only the state bytes of its padded page,
-so the attention K/V sharing that page is not copied on a device partial hit
-(``mamba_first=True`` reproduces it; docs/impl.md). The Mamba layers are Mamba-1 in plain
-torch: backend ``MAMBA1`` (vLLM's ``Mamba1AttentionMetadataBuilder``), conv and SSM state kept
-in the Mamba group's pages (``MambaBase.bind_kv_cache`` views), read and written at
+``attn_layer_offset``), so each KV cache group holds several layers and the connector's per-layer
+offsets matter. Attention comes first by default: vLLM 0.33's block copy
+(``copy_kv_cache_blocks_inplace``, ``v1/worker/utils.py``) copies each shared page once, through the
+first layer's view, and a Mamba view first covers only the state bytes of its padded page, so the
+attention K/V sharing that page is not copied on a device partial hit (``mamba_first=True``
+reproduces it; docs/impl.md; fixed in 0.34). The Mamba layers are Mamba-1 in plain torch: backend
+``MAMBA1`` (vLLM's ``Mamba1AttentionMetadataBuilder``), conv and SSM state kept in the Mamba group's
+pages (``MambaBase.bind_kv_cache`` views), read and written at
 ``state_indices_tensor_p/_d``, starting from zeros where ``has_initial_states_p`` is false.
 
 Why outputs depend on every cached value: no normalisation or saturating activation sits
@@ -75,6 +75,29 @@ CONFIG: dict[str, Any] = {
 def _mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x @ w.T in float64, rounded to float32 once (chunking-invariant up to that rounding)."""
     return (x.double() @ w.double().T).float()
+
+
+def _tp() -> tuple[int, int]:
+    """This worker's tensor-parallel (rank, size)."""
+    from vllm.distributed import (
+        get_tensor_model_parallel_rank,
+        get_tensor_model_parallel_world_size,
+    )
+
+    return get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
+
+
+def _all_reduce(partial: torch.Tensor) -> torch.Tensor:
+    """The sum of a row-parallel product's per-rank partials (the identity at TP=1)."""
+    from vllm.distributed import tensor_model_parallel_all_reduce
+
+    return tensor_model_parallel_all_reduce(partial)
+
+
+def _shard(size: int, rank: int, tp: int, offset: int = 0) -> torch.Tensor:
+    """Indices of rank's contiguous ``1/tp`` of ``size`` entries, starting at ``offset``."""
+    n = size // tp
+    return torch.arange(offset + rank * n, offset + (rank + 1) * n)
 
 
 def layer_kinds(cfg: dict[str, Any]) -> list[str]:
@@ -178,6 +201,12 @@ class TestBedMamba(_mamba_base(), nn.Module):  # type: ignore[misc]
         d = cfg["hidden_size"]
         self.di, self.n = cfg["mamba_expand"] * d, cfg["mamba_d_state"]
         self.r, self.k = cfg["mamba_dt_rank"], cfg["mamba_d_conv"]
+        # Tensor parallel: this rank's channels (Mamba-1's column-parallel in/dt projections,
+        # row-parallel x/out projections, as vLLM's MambaMixer shards them).
+        rank, self.tp = _tp()
+        self.dl = self.di // self.tp
+        self.ch = _shard(self.di, rank, self.tp)
+        self.xz_rows = torch.cat([self.ch, self.ch + self.di])
         _params(self, weight_shapes(cfg), prefix)
         ctx = get_current_vllm_config().compilation_config.static_forward_context
         if prefix in ctx:
@@ -190,7 +219,8 @@ class TestBedMamba(_mamba_base(), nn.Module):  # type: ignore[misc]
         from vllm.model_executor.layers.mamba.mamba_utils import MambaStateShapeCalculator
 
         return MambaStateShapeCalculator.mamba1_state_shape(
-            tp_world_size=1, intermediate_size=self.di, state_size=self.n, conv_kernel=self.k)
+            tp_world_size=self.tp, intermediate_size=self.di, state_size=self.n,
+            conv_kernel=self.k)
 
     def get_state_dtype(self) -> tuple[torch.dtype, ...]:
         from vllm.model_executor.layers.mamba.mamba_utils import MambaStateDtypeCalculator
@@ -207,39 +237,43 @@ class TestBedMamba(_mamba_base(), nn.Module):  # type: ignore[misc]
 
     # -- compute
     def _conv_states(self) -> torch.Tensor:
-        """All blocks' conv states as ``[B, K-1, di]`` (a view in either vLLM conv layout)."""
+        """All blocks' conv states as ``[B, K-1, di/tp]`` (a view in either vLLM conv layout)."""
         from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
 
         conv = self.kv_cache[0]
         return conv.transpose(-1, -2) if is_conv_state_dim_first() else conv
 
     def _run(self, x: torch.Tensor, z: torch.Tensor, idx: int, init: bool) -> torch.Tensor:
-        """One request's tokens ``x, z: [T, di]`` from the state in block ``idx`` (zeros when
-        not ``init``); writes the final state back to block ``idx``; returns ``y: [T, di]``."""
+        """One request's tokens ``x, z: [T, di/tp]`` (this rank's channels) from the state in
+        block ``idx`` (zeros when not ``init``); writes the final state back to block ``idx``;
+        returns ``y: [T, di/tp]``."""
         conv_all, ssm_all = self._conv_states(), self.kv_cache[1]
+        ch = self.ch
         if init:
             conv0, ssm = conv_all[idx].clone(), ssm_all[idx].clone()
         else:
-            conv0 = torch.zeros(self.k - 1, self.di)
-            ssm = torch.zeros(self.di, self.n)
+            conv0 = torch.zeros(self.k - 1, self.dl)
+            ssm = torch.zeros(self.dl, self.n)
         window = torch.cat([conv0, x], dim=0)  # [K-1+T, di]
         t = x.shape[0]
         taps = window.unfold(0, self.k, 1)  # [T, di, K]
-        xc = ((taps.double() * self.conv_w.double().T).sum(-1) + self.conv_b.double())
+        xc = ((taps.double() * self.conv_w[:, ch].double().T).sum(-1)
+              + self.conv_b[ch].double())
         xc = torch.nn.functional.silu(xc).float()
-        dbc = _mm(xc, self.x_proj)
+        dbc = _all_reduce(_mm(xc, self.x_proj[:, ch]))
         dt = torch.nn.functional.softplus(
-            (dbc[:, : self.r].double() @ self.dt_proj_w.double().T) + self.dt_proj_b.double())
+            (dbc[:, : self.r].double() @ self.dt_proj_w[ch].double().T)
+            + self.dt_proj_b[ch].double())
         b = dbc[:, self.r: self.r + self.n].double()
         c = dbc[:, self.r + self.n:].double()
-        a = -torch.exp(self.A_log.double())
-        decay = torch.exp(dt.unsqueeze(-1) * a)  # [T, di, n]
+        a = -torch.exp(self.A_log[ch].double())
+        decay = torch.exp(dt.unsqueeze(-1) * a)  # [T, di/tp, n]
         drive = dt.unsqueeze(-1) * b.unsqueeze(1) * xc.double().unsqueeze(-1)
-        states = torch.empty(t, self.di, self.n)
+        states = torch.empty(t, self.dl, self.n)
         for i in range(t):  # float32 state after every token: chunking-invariant
             ssm = (decay[i] * ssm.double() + drive[i]).float()
             states[i] = ssm
-        y = (states.double() * c.unsqueeze(1)).sum(-1) + self.D.double() * xc.double()
+        y = (states.double() * c.unsqueeze(1)).sum(-1) + self.D[ch].double() * xc.double()
         y = (y * torch.nn.functional.silu(z.double())).float()
         conv_all[idx] = window[t:]
         ssm_all[idx] = ssm
@@ -253,8 +287,8 @@ class TestBedMamba(_mamba_base(), nn.Module):  # type: ignore[misc]
         meta = meta_all.get(self.prefix) if isinstance(meta_all, dict) else None
         if meta is None:  # profiling run: no states
             return out
-        xz = _mm(hidden, self.in_proj)
-        x, z = xz[:, : self.di], xz[:, self.di:]
+        xz = _mm(hidden, self.in_proj[self.xz_rows])
+        x, z = xz[:, : self.dl], xz[:, self.dl:]
         nd = meta.num_decode_tokens
         spans: list[tuple[int, int, int, bool]] = []
         if meta.num_decodes:
@@ -266,30 +300,40 @@ class TestBedMamba(_mamba_base(), nn.Module):  # type: ignore[misc]
             init = meta.has_initial_states_p.tolist()
             spans += [(nd + qsl[j], nd + qsl[j + 1], sid[j], bool(init[j]))
                       for j in range(meta.num_prefills)]
+        w_out = self.out_proj[:, self.ch]
         for s, e, idx, init in spans:
             if e > s:
-                out[s:e] = _mm(self._run(x[s:e], z[s:e], idx, init), self.out_proj)
-        return out
+                out[s:e] = _mm(self._run(x[s:e], z[s:e], idx, init), w_out)
+        return _all_reduce(out)
 
 
 class TestBedAttention(nn.Module):
     """QKV projections around vLLM's own ``Attention`` layer (GQA, no positional encoding: the
-    Mamba layers before it carry position)."""
+    Mamba layers before it carry position). Under tensor parallelism each rank has ``1/tp`` of
+    the query and KV heads (column-parallel QKV, row-parallel output, as vLLM's
+    ``QKVParallelLinear`` / ``RowParallelLinear``)."""
 
     def __init__(self, cfg: dict[str, Any], cache_config: Any, prefix: str) -> None:
         super().__init__()
         from vllm.model_executor.layers.attention import Attention
 
-        self.h, self.kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
-        self.hd = cfg["hidden_size"] // self.h
+        h, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+        self.hd = cfg["hidden_size"] // h
+        rank, tp = _tp()
+        self.h, self.kv = h // tp, kv // tp
+        q_cols = _shard(h * self.hd, rank, tp)
+        self.qkv_rows = torch.cat([q_cols, _shard(kv * self.hd, rank, tp, h * self.hd),
+                                   _shard(kv * self.hd, rank, tp, (h + kv) * self.hd)])
+        self.o_cols = q_cols
         _params(self, weight_shapes(cfg), prefix)
         self.attn = Attention(self.h, self.hd, 1.0 / math.sqrt(self.hd), num_kv_heads=self.kv,
                               cache_config=cache_config, prefix=f"{prefix}.attn")
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        qkv = _mm(hidden, self.qkv_proj)
+        qkv = _mm(hidden, self.qkv_proj[self.qkv_rows])
         q, k, v = qkv.split([self.h * self.hd, self.kv * self.hd, self.kv * self.hd], dim=-1)
-        return _mm(self.attn(q.contiguous(), k.contiguous(), v.contiguous()), self.o_proj)
+        out = self.attn(q.contiguous(), k.contiguous(), v.contiguous())
+        return _all_reduce(_mm(out, self.o_proj[:, self.o_cols]))
 
 
 def _hybrid_bases() -> tuple[type, ...]:

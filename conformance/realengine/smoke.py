@@ -1,8 +1,9 @@
 """``tailproof smoke``: a deployment's connector configuration checked in vLLM's real engine.
 
-Starts vLLM 0.33's real engine on CPU (the test bed: ``bed``, ``model``) with the user's
-``kv_transfer_config`` (their store, their namespace), runs the four passes of
-:mod:`.oracle` (cold, warm, store-hit, after-reset) and compares each pass's greedy tokens with
+Starts vLLM's real engine on CPU (the installed release, 0.33 or 0.34; the test bed: ``bed``,
+``model``) with the user's ``kv_transfer_config`` (their store, their namespace), runs the four
+passes of :mod:`.oracle` (cold, warm, store-hit, after-reset) and compares each pass's greedy tokens
+with
 an engine without prefix caching. A pass fails when its tokens differ, and the store-hit pass
 also fails when no prompt token came from the store or a load failed (a corrupted or
 unreadable value is recomputed, so the tokens stay right, but the store is not serving).

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("vllm", reason="needs vLLM 0.33 (./scripts/bootstrap.sh)")
+pytest.importorskip("vllm", reason="needs vLLM 0.33 or 0.34 (./scripts/bootstrap.sh)")
 
 from tailproof.conformance.realengine import oracle  # noqa: E402
 

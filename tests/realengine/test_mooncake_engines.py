@@ -1,4 +1,4 @@
-"""Two of vLLM 0.33's real engines (two bed processes) sharing one real ``mooncake_master`` on
+"""Two of vLLM's real engines (two bed processes) sharing one real ``mooncake_master`` on
 127.0.0.1.
 
 Engine A runs its engine core in its own process with the ``mp`` executor (the worker in yet

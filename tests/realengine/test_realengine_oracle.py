@@ -1,5 +1,5 @@
-"""vLLM 0.33's real engine with TailproofConnector on the memory store: every pass's greedy
-output equals the engine without prefix caching, and the oracle has teeth."""
+"""vLLM's real engine (0.33 or 0.34) with TailproofConnector on the memory store: every pass's
+greedy output equals the engine without prefix caching, and the oracle has teeth."""
 
 from __future__ import annotations
 
@@ -91,9 +91,10 @@ def test_corrupted_store_values_fail_closed(bed: tb.Bed, passes: dict, prompts: 
 
 
 def test_registered_tensors_are_vllm_views(bed: tb.Bed) -> None:
-    """What the V1 runner hands ``register_kv_caches`` in the real engine (docs/impl.md):
-    attention as typed fused-K/V 4D views, Mamba as int8 page views of the state bytes, one
-    attention and one Mamba layer per shared tensor, pages padded to the attention page."""
+    """What the runner (0.33: V1; 0.34: the standalone V2) hands ``register_kv_caches`` in the real
+    engine (docs/impl.md): attention as typed fused-K/V 4D views, Mamba as int8 page views of the
+    state bytes, one attention and one Mamba layer per shared tensor, pages padded to the attention
+    page."""
     (views,) = bed.worker(tb.registered_kv_caches)
     page = 2 * BLOCK * 2 * 16 * 4  # kv heads x block x (K+V head size) x float32
     state = (3 * 64 + 64 * 16) * 4  # conv (K-1, di) + SSM (di, n), float32

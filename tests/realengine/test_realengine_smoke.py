@@ -1,9 +1,13 @@
-"""``tailproof smoke``: passes on the memory store, exits 1 naming the pass when stored values
-are corrupted, exits 2 on a bad configuration."""
+"""``tailproof smoke``: passes on the memory store and on a real Mooncake master, exits 1 naming
+the pass when stored values are corrupted, exits 2 on a bad configuration; its ``--json``
+stdout is one JSON document (vLLM's log lines, the engine processes' too, go to stderr)."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -24,13 +28,20 @@ def _smoke(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, Any]:
 @pytest.mark.realengine
 @pytest.mark.slow
 @pytest.mark.vllm
-def test_smoke_passes_on_the_memory_store(capsys: pytest.CaptureFixture[str]) -> None:
-    rc, verdict = _smoke(capsys, MEMORY)
-    assert rc == 0, verdict
+def test_smoke_passes_on_the_memory_store_and_its_stdout_is_one_json_document() -> None:
+    """The command as a user runs it (its own process, vLLM logging at its default level):
+    stdout parses as exactly one JSON document, and the engine's log lines are on stderr."""
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_LOGGING_LEVEL"}
+    proc = subprocess.run([sys.executable, "-m", "tailproof.conformance.cli.main", "smoke",
+                           "--kv-transfer-config", MEMORY, "--json"],
+                          capture_output=True, text=True, env=env, timeout=900, check=False)
+    verdict = json.loads(proc.stdout)  # raises on anything before or after the document
+    assert proc.returncode == 0, (verdict, proc.stderr[-2000:])
     assert verdict["ok"] and verdict["failed_pass"] is None
     assert [p["name"] for p in verdict["passes"]] == list(smoke.oracle.PASSES)
     store = next(p for p in verdict["passes"] if p["name"] == "store-hit")
     assert sum(store["cached_tokens"]) > 0
+    assert "tailproof-testbed pid=" in proc.stderr  # the bed process's vLLM log lines
 
 
 def _corrupt(bed: tb.Bed, name: str) -> None:

@@ -1,4 +1,4 @@
-"""In vLLM 0.33's real engine (test bed, core in the bed process, ``uni`` executor, memory store):
+"""In vLLM's real engine (test bed, core in the bed process, ``uni`` executor, memory store):
 store hits, a prefix-cache reset with running requests that decode with store hits, every stored
 value failing verification (a payload byte; an identity byte), and ``kv_load_failure_policy``
 ``fail``.

@@ -1,4 +1,4 @@
-"""In vLLM 0.33's real engine (test bed: core and worker in the bed process, memory store):
+"""In vLLM's real engine (test bed: core and worker in the bed process, memory store):
 a multi-turn workload with the reuse extension off and on (``"auto"``), and ``TAILPROOF_RECORD``.
 
 Each turn's prompt is the conversation so far plus new user text; the device prefix cache is
@@ -24,10 +24,10 @@ from tailproof.conformance.realengine.bed import Bed, EngineSpec, memory_connect
 pytestmark = [pytest.mark.realengine, pytest.mark.slow, pytest.mark.vllm]
 
 TURNS, USERS, MAX_TOKENS = 3, 3, 24
-#: vLLM 0.33's engine default ``prefix_cache_retention_interval=0`` keeps Mamba states sparsely
-#: (``MambaManager.reachable_block_mask``: a decode step that fills a block caches no state and
-#: offers no aligned offload); the trace format and its adapters model dense retention (``None``,
-#: ``KVCacheConfig``'s default), and the recorder flags sparse retention as unmodelled.
+#: vLLM's engine default (0.33, 0.34) ``prefix_cache_retention_interval=0`` keeps Mamba states
+#: sparsely (``MambaManager.reachable_block_mask``: a decode step that fills a block caches no
+#: state and offers no aligned offload); the trace format and its adapters model dense retention
+#: (``None``, ``KVCacheConfig``'s default), and the recorder flags sparse retention as unmodelled.
 DENSE_RETENTION: dict[str, Any] = {"prefix_cache_retention_interval": None}
 EXTENSION = {"turn_end_checkpoints": "auto", "decode_boundary_saves": "auto",
              "junction_checkpoints": "auto"}
@@ -92,7 +92,7 @@ def test_recorded_trace_carries_the_connector_and_the_core(runs: dict[str, Any])
 
 def test_core_trace_replays_on_reference_and_vllm(runs: dict[str, Any]) -> None:
     """Recorded without a connector: the trace replays with 0 divergences on the reference and
-    on vLLM 0.33's own ``KVCacheManager``."""
+    on vLLM's own ``KVCacheManager``."""
     from tailproof.conformance.format.trace import load_trace
     from tailproof.conformance.harness.replay import run_trace
 

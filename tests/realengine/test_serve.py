@@ -1,4 +1,4 @@
-"""``vllm serve`` (vLLM 0.33's OpenAI server, engine core in its own process) with
+"""``vllm serve`` (vLLM's OpenAI server, engine core in its own process) with
 ``TailproofConnector`` on the memory store, over HTTP on 127.0.0.1: completions of token-id
 prompts equal the session's ground truth (``conftest.truth``: an engine with prefix caching
 off, so its chunk boundaries differ), before and after ``/reset_prefix_cache`` (then served
