@@ -7,7 +7,7 @@ ifdef VLLM
 export PYTHONPATH := $(shell ./scripts/vllm_env.sh $(VLLM))
 endif
 
-.PHONY: check test venv lint bench
+.PHONY: check test venv lint bench device-pack device-dryrun
 
 venv:
 	@./scripts/bootstrap.sh
@@ -26,3 +26,12 @@ lint: venv
 
 bench: venv
 	$(VENV)/bin/python -m pytest benchmarks --benchmark-only
+
+# The GPU check (docs/impl.md, "GPU check"): the folder a lent machine gets (.devpack), and the
+# dry run of the check on this machine, in a Python 3.12 venv holding only the machine's
+# packages (first run: about 4 GB and several minutes of set-up). .ci/run runs it.
+device-pack: venv
+	./scripts/device_pack.sh
+
+device-dryrun: venv
+	./scripts/device_dryrun.sh
