@@ -65,6 +65,7 @@ from tailproof.impl.scheduler_side import SchedulerSide
 from tailproof.impl.stores import Store, make_store
 from tailproof.impl.value_format import SecretError, mac_identity_text, secret_from_env
 from tailproof.impl.vllm_plugin import HOOK_VERSION
+from tailproof.impl.vllm_release import JUNCTION_HOOK_RELEASES, junction_hook_supported
 from tailproof.impl.worker_side import WorkerSide
 
 logger = logging.getLogger(__name__)
@@ -126,6 +127,26 @@ class TailproofConnector(KVConnectorBase_V1, SupportsHMA):
     def supports_sleep_mode(cls, kv_transfer_config: Any) -> bool:
         return False
 
+    @classmethod
+    def kv_cache_access(cls, kv_transfer_config: Any) -> Any:
+        """``IN_PROCESS`` (vLLM 0.34 ``KVConnectorBase_V1.kv_cache_access``): workers reach the
+        device KV cache only through torch copies into their own pinned host staging buffers
+        (``data_plane``); nothing registers or exports it, so the extensible KV cache may back
+        it with any allocation. vLLM 0.33 never asks. Called while vLLM resolves its config, in
+        every process, so it imports nothing of ours."""
+        from vllm.config.kv_transfer import KVCacheAccess  # deferred: 0.34 only
+
+        return KVCacheAccess.IN_PROCESS
+
+    @classmethod
+    def supports_lookahead_block_hashes(cls, kv_transfer_config: Any) -> bool:
+        """False: store keys are the core's plain block hashes, and the partial-tail arithmetic
+        (``spec.arithmetic``: ck(P), the EAGLE proof margin) assumes them. vLLM 0.34's
+        ``VllmConfig._resolve_num_hash_lookahead_tokens`` then keeps lookahead hashing off for
+        this connector (and for a ``MultiConnector`` holding it); an engine that has it on
+        anyway is refused at start-up (:func:`lookahead_problem`)."""
+        return False
+
     @property
     def requires_kv_delivery(self) -> bool:
         """False: a best-effort cache. Store jobs own their block references, so nothing a
@@ -162,6 +183,9 @@ class TailproofConnector(KVConnectorBase_V1, SupportsHMA):
             self.secret = secret_from_env()
         except SecretError as exc:
             raise ConfigError([str(exc)]) from exc
+        lookahead = lookahead_problem(vllm_config)
+        if lookahead is not None:
+            raise ConfigError([lookahead])
         if not self.settings.load_async and len(kv_cache_config.kv_cache_groups) > 1:
             raise ConfigError([
                 "load_async=false needs a single KV cache group: a failed synchronous load is "
@@ -229,15 +253,17 @@ class TailproofConnector(KVConnectorBase_V1, SupportsHMA):
         """The scheduler hook (``tailproof.impl.vllm_plugin``, contract
         ``tailproof-scheduler-hook/1``): with ``junction_checkpoints`` on, make vLLM 0.33's
         junction stop exact (``Scheduler.mamba_shared_prefix_checkpoint``; vLLM sets it only
-        with an EAGLE Mamba group). Refused on any other vLLM version (its names are 0.33's)."""
+        with an EAGLE Mamba group). Refused on a vLLM release whose names it has not been
+        checked against (``vllm_release.JUNCTION_HOOK_RELEASES``)."""
         side = self.scheduler_side
         if side is None or not self.settings.junction_checkpoints:
             return
         import vllm
 
-        if not str(vllm.__version__).startswith("0.33."):
-            logger.error("TailproofConnector: junction_checkpoints needs vLLM 0.33 (running %s); "
-                         "no junction stops", vllm.__version__)
+        if not junction_hook_supported(str(vllm.__version__)):
+            logger.error("TailproofConnector: junction_checkpoints needs vLLM %s (running %s); "
+                         "no junction stops", " or ".join(JUNCTION_HOOK_RELEASES),
+                         vllm.__version__)
             return
         if not getattr(scheduler, "mamba_partial_cache_hit", False):
             logger.error("TailproofConnector: junction_checkpoints needs partial hash hits (a "
@@ -251,6 +277,10 @@ class TailproofConnector(KVConnectorBase_V1, SupportsHMA):
             junctions.key_device_junctions(kvm)  # a module attribute: the jn-* mutants
         side.vllm_keys_junctions = bool(getattr(kvm, "mamba_shared_prefix_checkpoint", True))
         logger.info("TailproofConnector: exact junction stops on (%s)", HOOK_VERSION)
+
+    def may_load_async(self, request: Any) -> bool:
+        """vLLM 0.34, under ``--max-num-inflight-kv-loads`` (``SchedulerSide.may_load_async``)."""
+        return self._sched().may_load_async(request)
 
     def get_num_new_matched_tokens(
         self, request: Any, num_computed_tokens: int
@@ -431,6 +461,17 @@ def drain_worker(worker: Any, timeout: float) -> TailproofWorkerMeta | None:
     conn.worker_side.wait_idle(timeout)
     meta = conn.build_connector_worker_meta()
     return meta if isinstance(meta, TailproofWorkerMeta) else None
+
+
+def lookahead_problem(vllm_config: Any) -> str | None:
+    """Why this engine's block hashes cannot key the store, or None: vLLM 0.34 hashes each
+    block over ``num_hash_lookahead_tokens`` extra tokens under EAGLE when the connector opts in
+    (``VllmConfig._resolve_num_hash_lookahead_tokens``); vLLM 0.33 has no such field."""
+    n = getattr(vllm_config, "num_hash_lookahead_tokens", 0) or 0
+    if n <= 0:
+        return None
+    return (f"lookahead block hashes are on ({n} tokens): TailproofConnector keys the store by "
+            "plain block hashes (fix: set speculative_config.disable_lookahead_block_hashes=true)")
 
 
 def _with_namespace(s: Settings, ns: str) -> Settings:

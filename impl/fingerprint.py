@@ -199,12 +199,31 @@ def weights_source(load_config: Any) -> str | None:
 PAYLOAD_FORMAT = "layer-pages-HNC/1"
 
 
+#: ``KVCacheSpec`` fields a later supported vLLM release added, with the value that reproduces
+#: the earlier release's page layout. At that value a field is left out of the digest, so
+#: engines of both releases that lay their pages out alike share keys and values (a rolling
+#: upgrade keeps the store, docs/deploy.md); any other value changes the digest (a miss).
+#: vLLM 0.34 ``v1/kv_cache_interface.py``: ``AttentionSpec.kv_head_major_slots`` (False: 0.33's
+#: slot order), ``MambaSpec.state_alignment`` (1: states packed as 0.33 packs them;
+#: ``MambaSpec.state_content_size_bytes`` rounds each up to it),
+#: ``MLAAttentionSpec.non_causal_multi_token_decode`` (False: 0.33's decode).
+LAYOUT_NEUTRAL_FIELDS: Mapping[str, Any] = {
+    "kv_head_major_slots": False,
+    "state_alignment": 1,
+    "non_causal_multi_token_decode": False,
+}
+
+
 def spec_parts(spec: Any) -> Any:
     """A group's spec as the fingerprint sees it: every field but ``page_size_padded`` (padding
-    is never stored, so engines that pad differently hold interchangeable values)."""
+    is never stored, so engines that pad differently hold interchangeable values) and the
+    :data:`LAYOUT_NEUTRAL_FIELDS` that hold their neutral value."""
     canon = _canon(resolve_spec(spec))
     if isinstance(canon, dict):
         canon.pop("page_size_padded", None)
+        for name, neutral in LAYOUT_NEUTRAL_FIELDS.items():
+            if name in canon and canon[name] == neutral:
+                del canon[name]
     return canon
 
 

@@ -174,6 +174,34 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
             self._set_junction(request, num_computed + need)
         return need, is_async
 
+    def may_load_async(self, request: Any) -> bool:
+        """Whether ``get_num_new_matched_tokens`` can answer this request with an asynchronous
+        load: loads are asynchronous, lookups are on, and the store holds a prefix of it.
+
+        vLLM 0.34 asks it in ``Scheduler._enqueue_waiting_request`` under
+        ``--max-num-inflight-kv-loads`` (``KVConnectorBase_V1.may_load_async``) to queue the
+        request where a load may start while the batch is full. The store is asked through
+        the remembered lookup (``lookup.py``), so the scheduler's own ask re-probes nothing.
+        The device prefix cache is not known here: where it covers the whole store hit the
+        answer is a false positive, which vLLM handles (the request waits for a load slot)."""
+        client = self.lookup_client
+        if (not self.settings.load_async or not self._lookups or client is None
+                or request.num_tokens < self._alignment
+                or request.request_id in self.load_failed):
+            return False
+        try:
+            if isinstance(client, StoreLookup):
+                res = client.lookup(request.num_tokens, request.block_hashes,
+                                    request.request_id)
+            else:
+                res = client.lookup(request.num_tokens, request.block_hashes)
+        except Exception:  # as in _matched: a store problem is a miss, never a crash
+            logger.exception("store lookup of %s failed; treating it as a miss",
+                             request.request_id)
+            self.metrics.lookup_errors += 1
+            return False
+        return res.hit_length > 0
+
     def _matched(self, request: Any, num_computed: int) -> tuple[int | None, bool]:
         client = self.lookup_client
         if not self._lookups or client is None:

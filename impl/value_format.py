@@ -6,7 +6,7 @@ byte reaches the KV cache. Each value is one *slot*: a fixed 128-byte header, th
 
     offset size  field
     0      4     magic  b"TPKV"
-    4      2     format version (1), little-endian
+    4      2     format version (2), little-endian
     6      2     flags (bit 0: a MAC follows)
     8      4     header size (128)
     12     4     reserved (0)
@@ -24,12 +24,12 @@ byte reaches the KV cache. Each value is one *slot*: a fixed 128-byte header, th
 (a secret shared by the engines of one trust domain, from the environment) stops a writer that
 is not trusted -- see docs/security.md.
 
-One rule for every failure (docs/store-format.md, "Verification"): the value is never served.
-A value made under another MAC identity (kind ``identity``) is one this engine merely cannot
-verify: a miss, never removed. Every other kind is proof the value is not what its key names
-(:func:`is_corrupt`): the caller removes it so the next save rewrites it. The MAC identity is
-also in every key (``keys.KeySpace``), so engines on different secrets address different keys
-and never read, let alone remove, each other's values.
+One rule for every failure (docs/store-format.md, "Verification"): every key names this
+engine's MAC identity (``keys.KeySpace``), and an engine only ever reads its own keys, so a
+value it reads is either its own valid value or corrupt, whatever the kind (another identity in
+the header included: under this engine's key that is a flipped bit, a misdirected copy or a
+forgery). The caller never serves it and removes it, so the next save rewrites it. Engines on
+different secrets address different keys and never read, let alone remove, each other's values.
 """
 
 from __future__ import annotations
@@ -54,8 +54,6 @@ SECRET_ENV = "TAILPROOF_STORE_SECRET"
 MIN_SECRET_BYTES = 16
 #: Why a loaded value was rejected (metrics ``verify_fail_<kind>``).
 FAILURE_KINDS = ("format", "length", "identity", "fingerprint", "key", "checksum", "mac")
-#: Kinds that do not prove a value corrupt (another engine's secret): a miss, never removed.
-UNVERIFIABLE_KINDS = frozenset({"identity"})
 
 assert _PREFIX.size == _MAC_AT
 
@@ -88,12 +86,6 @@ def mac_identity(secret: bytes | None) -> bytes:
 def mac_identity_text(secret: bytes | None) -> str:
     """The MAC identity as it appears in a key: ``0`` unsigned, else 16 hex digits."""
     return mac_identity(secret).hex() if secret else "0"
-
-
-def is_corrupt(kind: str) -> bool:
-    """True when a failure of this kind proves the value is not what its key names (remove
-    it); False for a value this engine merely cannot verify (keep it: a miss)."""
-    return kind not in UNVERIFIABLE_KINDS
 
 
 def key_digest(key: str) -> bytes:
@@ -147,8 +139,8 @@ class ValueCodec:
         """None if ``slot`` is a valid value of ``key`` for this engine, else the failure kind.
 
         Checks, in order: magic and version (an older or foreign format reads as "format"),
-        payload length, MAC identity (another secret's value: "identity", see
-        :func:`is_corrupt`), fingerprint, key, checksum, MAC."""
+        payload length, MAC identity (a header naming another secret: "identity"),
+        fingerprint, key, checksum, MAC. Under this engine's key every kind means corrupt."""
         s = _as_u8(slot)
         if s.nbytes < HEADER_BYTES:
             return "length"

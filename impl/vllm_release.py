@@ -29,3 +29,17 @@ def resumed_ids(cached: object) -> frozenset[str] | set[str]:
     """The step's resumed cached rows: ``CachedRequestData.resumed_req_ids`` on 0.33, always
     empty on 0.34 (:func:`resumed_as_cached`)."""
     return getattr(cached, "resumed_req_ids", frozenset())
+
+
+#: Releases whose scheduler names the junction hook sets were checked against: 0.33, and 0.34,
+#: where ``Scheduler.mamba_shared_prefix_checkpoint``, ``mamba_partial_cache_hit``,
+#: ``KVCacheManager.mamba_shared_prefix_checkpoint``, ``MambaManager.shared_prefix_checkpoint``
+#: and ``coordinator.num_reprefillable_tokens`` are unchanged (``kv_cache_coordinator.py`` is
+#: byte-identical between the two).
+JUNCTION_HOOK_RELEASES = ("0.33", "0.34")
+
+
+def junction_hook_supported(version: str) -> bool:
+    """Whether ``TailproofConnector.on_scheduler_built`` may set the junction stop on this
+    vLLM version string."""
+    return any(version == r or version.startswith(r + ".") for r in JUNCTION_HOOK_RELEASES)

@@ -43,10 +43,10 @@ a shared body would compare a function with itself. Pure arithmetic is shared in
 * values (``value_format``): every put writes a header (fingerprint, key, length, checksum,
   MAC identity, optional MAC) in front of the block's bytes, in the same buffer the block was
   copied into; every get verifies it before the first block is written. One rule for every
-  failure (size, header, checksum, MAC): the load fails and the value is never served; a
-  value proven corrupt (the store's ``WRONG_SIZE``, or ``value_format.is_corrupt``) is
-  removed, so the next save rewrites it (write-once ``exists`` no longer finds it); a value
-  made under another MAC identity is only a miss and stays (``_reject``).
+  failure (the store's ``WRONG_SIZE``, or any ``ValueCodec.verify`` kind): the load fails, the
+  value is never served and it is removed, so the next save rewrites it (write-once ``exists``
+  no longer finds it). Keys name this engine's MAC identity, so what fails here is corrupt,
+  never another engine's value (``_reject``).
 """
 
 from __future__ import annotations
@@ -72,7 +72,6 @@ from tailproof.impl.stores import Status, Store
 from tailproof.impl.value_format import (
     HEADER_BYTES,
     ValueCodec,
-    is_corrupt,
     mac_identity_text,
     slot_nbytes,
 )
@@ -345,19 +344,16 @@ class WorkerSide:
 
     def _reject(self, bad: list[tuple[str, str]]) -> None:
         """The one rule for values that failed verification (docs/store-format.md): count each
-        by kind; remove those proven corrupt, so the next save rewrites them and one bad value
-        cannot fail its prefix forever; keep those this engine merely cannot verify (another
-        secret's): a miss, never a deletion of another engine's valid value."""
+        by kind and remove every one, so the next save rewrites it and one bad value cannot
+        fail its prefix until evicted. Every key read here names this engine's MAC identity
+        (``KeySpace``), so a value failing under it is corrupt whatever the kind (a header
+        naming another identity included): no other engine's value is ever read, let alone
+        removed."""
         for _, kind in bad:
             self.metrics.c.inc(f"verify_fail_{kind}")
-        corrupt = [k for k, kind in bad if is_corrupt(kind)]
-        kept = len(bad) - len(corrupt)
-        logger.warning("rejected %d stored value(s) failing verification (%d corrupt, %d of "
-                       "another MAC identity), e.g. %s", len(bad), len(corrupt), kept, bad[0][0])
-        if kept:
-            self.metrics.c.inc("verify_kept_unverifiable", kept)
-        if corrupt:
-            self.metrics.c.inc("verify_removed", self.store.remove(corrupt))
+        logger.warning("removing %d stored value(s) that failed verification, e.g. %s (%s)",
+                       len(bad), bad[0][0], bad[0][1])
+        self.metrics.c.inc("verify_removed", self.store.remove([k for k, _ in bad]))
 
     # ------------------------------------------------------------------ saves
 

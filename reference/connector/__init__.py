@@ -12,6 +12,9 @@ What it mirrors, module by module:
   ``_reference_save_blocks`` MS:550-598, ``register_finished_partial_tail`` MS:600-670,
   ``_handle_boundary_state_offloads`` MS:672-727, ``update_connector_output`` MS:729-751).
 - ``store``: an in-memory store whose put outcomes are scripted by the trace.
+- ``verification``: the verified-load rule (a tailproof deviation: vLLM serves what it gets):
+  under an engine's own key a value is valid or corrupt; a corrupt one fails the load closed
+  and is removed, whatever the failure kind.
 - ``worker``: one rank's sending thread (``KVCacheStoreSendingThread._handle_request``,
   MW:727-1045) and ledger retirement (``_close_ended_store_requests`` MW:2063-2085).
 - ``lookup``: store-side lookup (``MooncakeStoreWorker.lookup`` MW:2095-2255 over

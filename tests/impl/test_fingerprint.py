@@ -332,3 +332,26 @@ def test_padding_and_kernel_split_are_not_in_the_fingerprint() -> None:
     _, kvc, _ = _base()
     spec = kvc.kv_cache_groups[1].kv_cache_spec
     assert spec_parts(spec) == spec_parts(replace(spec, page_size_padded=4096))
+
+
+def test_fields_a_later_release_added_count_only_off_their_neutral_value() -> None:
+    """vLLM 0.34's new spec fields (``LAYOUT_NEUTRAL_FIELDS``) at the value that reproduces
+    0.33's page layout leave the digest as 0.33 computes it (a rolling upgrade keeps the
+    store); any other value is another layout, so another digest (a miss)."""
+    import dataclasses
+
+    from tailproof.impl.fingerprint import LAYOUT_NEUTRAL_FIELDS, spec_parts
+
+    _, kvc, _ = _base()
+    for spec in (kvc.kv_cache_groups[0].kv_cache_spec, kvc.kv_cache_groups[1].kv_cache_spec):
+        canon = spec_parts(spec)
+        assert not set(LAYOUT_NEUTRAL_FIELDS) & set(canon)
+        present = {f.name for f in dataclasses.fields(spec)} & set(LAYOUT_NEUTRAL_FIELDS)
+        for name in present:  # empty on vLLM 0.33, which lacks the fields
+            changed = {"kv_head_major_slots": True, "state_alignment": 16,
+                       "non_causal_multi_token_decode": True}[name]
+            try:
+                other = replace(spec, **{name: changed})
+            except AssertionError:  # a value the spec's own checks refuse with this shape
+                continue
+            assert spec_parts(other) != canon, name

@@ -1,6 +1,7 @@
 """In vLLM 0.33's real engine (test bed, core in the bed process, ``uni`` executor, memory store):
 store hits, a prefix-cache reset with running requests that decode with store hits, every stored
-value failing verification, and ``kv_load_failure_policy`` ``fail``.
+value failing verification (a payload byte; an identity byte), and ``kv_load_failure_policy``
+``fail``.
 
 One engine serves the module; the oracle is the session's ground truth (an engine with prefix
 caching off, ``conftest.truth``) on a subset of its shared-prefix prompts. Steps that must run
@@ -141,6 +142,53 @@ def verify_failures(llm: Any) -> int:
     return _worker_total("verify_fail_checksum")
 
 
+def _worker_store() -> Any:
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+    return get_kv_transfer_group().worker_side.store
+
+
+def store_hit_pass_reads(llm: Any, prompts: list[list[int]]) -> tuple[list[list[int]], list[str]]:
+    """:func:`store_hit_pass`, recording the keys the worker read from the store, in order."""
+    store, read = _worker_store(), []
+    plain = store.read_batch
+
+    def recording(keys: Any, *args: Any, **kwargs: Any) -> Any:
+        read.extend(keys)
+        return plain(keys, *args, **kwargs)
+
+    store.read_batch = recording  # test access: an instance attribute shadows the method
+    try:
+        outs, _ = store_hit_pass(llm, prompts)
+    finally:
+        del store.read_batch
+    return outs, read
+
+
+def flip_identity_byte(llm: Any, key: str) -> int:
+    """Flip one bit in the MAC identity (header byte 96) of the value under ``key``, the key
+    unchanged: what a bit flip, or a writer without the secret, leaves under this engine's
+    key. The identity byte as it was."""
+    drain_pins(llm)
+    value = _worker_store()._data[key]  # test access: the memory store's own array
+    was = int(value[96])
+    value[96] ^= 1
+    return was
+
+
+def identity_byte(llm: Any, key: str) -> int | None:
+    value = _worker_store()._data.get(key)
+    return None if value is None else int(value[96])
+
+
+def verify_counters(llm: Any) -> dict[str, int]:
+    """The worker's ``verify_*`` counters since start."""
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+    totals = get_kv_transfer_group().worker_side.metrics.c.totals()
+    return {k: v for k, v in totals.items() if k.startswith("verify_")}
+
+
 def fail_policy_run(llm: Any, p: list[int]) -> list[tuple[str, str | None]]:
     """Every store get fails and vLLM's ``recompute_kv_load_failures`` is off (what
     ``kv_load_failure_policy='fail'`` sets, ``Scheduler.__init__`` SC:186-187): the finished
@@ -199,6 +247,31 @@ def test_every_stored_value_failing_verification_is_recomputed(
     assert bed.call(verify_failures) > failed0
     outs, gets = bed.call(store_hit_pass, prompts)
     assert outs == want and gets > 0
+
+
+def test_a_flipped_identity_byte_is_recomputed_removed_and_served_again(
+        bed: Bed, case: tuple[Any, Any]) -> None:
+    """One stored value's header names another MAC identity under this engine's key (one bit
+    flipped in the identity, the first value a store-hit pass reads): the load that meets it
+    fails closed (``identity``) and is recomputed, so outputs stay the truth's; the value is
+    removed and the pass saves it again, so the next pass is served from the store, with no
+    failure."""
+    prompts, want = case
+    bed.call(store_hit_pass, prompts)  # every prefix stored, whichever tests ran before
+    outs, read = bed.call(store_hit_pass_reads, prompts)
+    assert outs == want and read
+    key = read[0]
+    was = bed.call(flip_identity_byte, key)
+    v0 = bed.call(verify_counters)
+    outs, _ = bed.call(store_hit_pass, prompts)
+    assert outs == want
+    v1 = bed.call(verify_counters)
+    delta = {k: v - v0.get(k, 0) for k, v in v1.items() if v != v0.get(k, 0)}
+    assert delta == {"verify_fail_identity": 1, "verify_removed": 1}
+    assert bed.call(identity_byte, key) == was  # saved again by that pass, as it was
+    outs, again = bed.call(store_hit_pass_reads, prompts)
+    assert outs == want and key in again  # served from the store again
+    assert bed.call(verify_counters) == v1  # without a failure
 
 
 def test_fail_policy_errors_the_request_and_the_engine_survives(
