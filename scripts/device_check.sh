@@ -5,15 +5,16 @@
 # It installs the pack with --no-index into $DEVICE_SITE beside the machine's own Python and
 # torch (python3, or DEVICE_PYTHON), then runs, most valuable first, each step under its own
 # timeout and all of them within DEVICE_BUDGET_S (default 450 s):
-#   1. the CUDA data-plane tests: pinned staging, the step's CUDA event ordering the sender's
-#      device-to-host copies, loads on the copy stream, sealed values verified;
+#   1. the CUDA data-plane tests, per release: pinned staging, the step's CUDA event ordering
+#      the sender's device-to-host copies, loads on the copy stream, sealed values verified;
 #   2. the corpus on the impl adapter with CUDA KV tensors on the memory store, per release;
 #   3. store put/get throughput against torch's pinned copies, values 64 KiB to 64 MiB;
 #   4. the real engine on CUDA with the oracle's four passes, per release (Model Runner V2; on
 #      0.34 the extensible KV cache), as far as it goes without vLLM's compiled ops.
 # A step that cannot run says why in one line and the rest go on. Without a CUDA device (the
 # dry run, `make device-dryrun`) each step says so and runs its CPU stand-in instead, which
-# proves the set-up and the commands. DEVICE_STEPS="1 4" runs only those steps (a second try).
+# proves the set-up and the commands (step 4's: --plan; DEVICE_STANDIN_BED=1: the whole CPU
+# test bed, minutes per release). DEVICE_STEPS="1 4" runs only those steps (a second try).
 # $OUT gets at most 8 files, summary.txt first (one line per step, written as it goes).
 # Exit status: 0 when no step failed (a step that cannot run is not a failure), 1 otherwise.
 set -uo pipefail
@@ -108,27 +109,38 @@ NOCUDA="no CUDA device (torch $("$PY" -c 'import torch; print(torch.__version__)
 
 # --------------------------------------------------------------------- 1. CUDA data plane
 if want_step 1; then
-  s0=$SECONDS
   log="$OUT/step1-cuda-tests.log"
-  t="$(cap 120)"
-  PYTHONPATH="$(pypath "$default")" timeout -k 10 "$t" "$PY" -m pytest \
-    tests/impl/test_data_plane.py tests/impl/test_worker_side.py -k cuda -v -rs \
-    -p no:cacheprovider > "$log" 2>&1
-  rc=$?
-  res="$(grep -E '^=+ .*(passed|failed|skipped|error).* in [0-9.]+s' "$log" | tail -n 1 | tr -d '=' | sed 's/^ *//; s/ *$//')"
-  name="step 1 (CUDA data-plane tests, vLLM $default)"
-  if timed_out "$rc"; then
-    say "$name: FAILED: timed out after $t s"
-  elif [ "$CUDA" = 1 ] && [ "$rc" = 0 ] && [[ "$res" == *passed* ]] && [[ "$res" != *skipped* ]]; then
-    say "$name: ok: $res"
-  elif [ "$CUDA" = 1 ]; then
-    say "$name: FAILED: ${res:-$(last_line "$log")}"
-  elif [ "$rc" = 0 ] && [[ "$res" == *skipped* ]] && [[ "$res" != *passed* ]]; then
-    why="$(grep -m1 '^SKIPPED' "$log" | sed 's/^SKIPPED \[[0-9]*\] //' | cut -c1-160)"
-    say "$name: cannot run: $NOCUDA; collected and skipped: $res ($why)"
-  else
-    say "$name: FAILED: ${res:-$(last_line "$log")}"
-  fi
+  : > "$log"
+  # per release: the tests' simulated runner builds vLLM's own layer objects
+  for v in $releases; do
+    name="step 1 (CUDA data-plane tests, vLLM $v)"
+    t="$(cap 100)"
+    if [ "$t" -lt 20 ]; then
+      say "$name: cannot run: the check's $BUDGET s are spent"
+      continue
+    fi
+    part="$RES/step1-$v.log"
+    PYTHONPATH="$(pypath "$v")" timeout -k 10 "$t" "$PY" -m pytest \
+      tests/impl/test_data_plane.py tests/impl/test_worker_side.py -k cuda -v -rs \
+      -p no:cacheprovider > "$part" 2>&1
+    rc=$?
+    { echo "== vLLM $v"; cat "$part"; } >> "$log"
+    res="$(grep -E '^=+ .*(passed|failed|skipped|error).* in [0-9.]+s' "$part" | tail -n 1 \
+           | tr -d '=' | sed 's/^ *//; s/ *$//')"
+    first="$(grep -m1 -E '^(FAILED|ERROR) ' "$part" | cut -c1-200)"
+    if timed_out "$rc"; then
+      say "$name: FAILED: timed out after $t s"
+    elif [ "$CUDA" = 1 ] && [ "$rc" = 0 ] && [[ "$res" == *passed* ]] && [[ "$res" != *skipped* ]]; then
+      say "$name: ok: $res"
+    elif [ "$CUDA" = 1 ]; then
+      say "$name: FAILED: ${res:-$(last_line "$part")}${first:+; first: $first}"
+    elif [ "$rc" = 0 ] && [[ "$res" == *skipped* ]] && [[ "$res" != *passed* ]]; then
+      why="$(grep -m1 '^SKIPPED' "$part" | sed 's/^SKIPPED \[[0-9]*\] //' | cut -c1-160)"
+      say "$name: cannot run: $NOCUDA; collected and skipped: $res ($why)"
+    else
+      say "$name: FAILED: ${res:-$(last_line "$part")}${first:+; first: $first}"
+    fi
+  done
 fi
 
 # --------------------------------------------------------------------- 2. corpus, CUDA KV
@@ -216,6 +228,9 @@ if want_step 4; then
   if [ "$CUDA" = 1 ]; then
     mode=()
     stand=""
+  elif [ "${DEVICE_STANDIN_BED:-0}" = 1 ]; then
+    mode=(--cpu)
+    stand="cannot run: $NOCUDA; stand-in (--cpu: the CPU test bed's four passes): "
   else
     mode=(--plan)
     stand="cannot run: $NOCUDA; stand-in (--plan: imports and engine arguments): "
