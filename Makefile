@@ -7,18 +7,26 @@ ifdef VLLM
 export PYTHONPATH := $(shell ./scripts/vllm_env.sh $(VLLM))
 endif
 
+# make test / make check run once per supported release (newest first); VLLM=0.33 runs one.
+RELEASES ?= $(if $(VLLM),$(VLLM),$(shell ./scripts/vllm_env.sh --supported))
+# Each release's command runs even when an earlier one failed; the target fails if any did.
+PER_RELEASE = status=0; for r in $(RELEASES); do \
+	  echo "== vLLM $$r: $(1)" >&2; \
+	  PYTHONPATH="$$(./scripts/vllm_env.sh $$r)" $(1) || status=1; \
+	done; exit $$status
+
 .PHONY: check test venv lint bench device-pack device-dryrun
 
 venv:
 	@./scripts/bootstrap.sh
 
 check: venv
-	$(VENV)/bin/tailproof check
+	@$(call PER_RELEASE,$(VENV)/bin/tailproof check)
 
 # The import contracts (pyproject.toml [tool.importlinter]) first: a second, not a minute.
 test: venv
 	./scripts/lint_imports.sh
-	$(VENV)/bin/python -m pytest
+	@$(call PER_RELEASE,$(VENV)/bin/python -m pytest)
 
 lint: venv
 	$(VENV)/bin/ruff check .

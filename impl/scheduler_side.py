@@ -305,10 +305,15 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
             skip_decode = not self.settings.save_decode_cache
             trackers, resumed, computed = (self.request_trackers, resumed_ids(cached),
                                            cached.num_computed_tokens)
+            new_ids = cached.new_block_ids
             for i, rid in enumerate(cached.req_ids):
                 if (skip_decode and rid not in resumed
                         and computed[i] >= trackers[rid].prefill_end_tokens):
-                    continue  # decode step: nothing to save (the common case, kept cheap)
+                    # decode step: nothing to save (the common case, kept cheap); a new block
+                    # still joins the mirror, which later jobs read as the current table
+                    if new_ids[i]:
+                        self._extend_mirror(trackers[rid], new_ids[i])
+                    continue
                 self._cached_request(cached, i, rid, so, pending, meta)
         if self.load_specs:  # asynchronous loads of requests not scheduled this step
             scheduled = {r.req_id for r in so.scheduled_new_reqs}
@@ -405,12 +410,14 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
     def _cached_request(self, cached: Any, i: int, rid: str, so: Any, pending: list[StoreJob],
                         meta: TailproofMeta) -> None:
         resumed = rid in resumed_ids(cached)  # 0.33 Model Runner V1 only (vllm_release)
+        core_ids = cached.new_block_ids[i]  # the core's lists, per core group
         if not resumed:
             t = self.request_trackers[rid]
             decode = cached.num_computed_tokens[i] >= t.prefill_end_tokens
             if decode and not self.settings.save_decode_cache:
+                if core_ids:
+                    self._extend_mirror(t, core_ids)
                 return  # decode: KV past the prefill is not saved (the common, cheap path)
-        core_ids = cached.new_block_ids[i]  # the core's lists, per core group
         ent = self.unfinished_requests.get(rid)
         req = ent[0] if ent is not None else None
         if resumed:
@@ -437,11 +444,17 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
         avail = req.num_tokens - t.token_len
         t.token_len += max(0, min(so.num_scheduled_tokens[rid], avail))
         if core_ids:
-            for mirror, g in zip(t.allocated_block_ids, self.geo.core_group_ids, strict=True):
-                mirror.extend(core_ids[g])
+            self._extend_mirror(t, core_ids)
         if self._consumer and not decode:
             return  # a consumer saves decode KV only
         self._maybe_save(t, req, pending, skip=False)
+
+    def _extend_mirror(self, t: RequestTracker, core_ids: Any) -> None:
+        """Append a step's new blocks to the request's table mirror, per core group. Every
+        step's, decode steps' too: with ``tables_append_only`` jobs read the mirror as the
+        current table (rule 5's decode-boundary attention puts among them)."""
+        for mirror, g in zip(t.allocated_block_ids, self.geo.core_group_ids, strict=True):
+            mirror.extend(core_ids[g])
 
     def _maybe_save(self, t: RequestTracker, req: Any, pending: list[StoreJob], skip: bool) -> None:
         """Mooncake's ``ReqMeta.from_request_tracker`` save decision."""

@@ -67,7 +67,7 @@ log "proof, test and store tools"
 "${pip[@]}" -c "$C" -r requirements/dev.txt
 # vLLM last and without its dependencies: its full set (CUDA torch, GPU kernels) is not needed
 # for the core modules, and installing it last keeps pip from re-listing what it would want.
-default_vllm="$(grep -m1 '^vllm==' requirements/vllm-releases.txt)"
+default_vllm="$(grep -m1 '^vllm==' requirements/vllm-releases.txt | awk '{print $1}')"
 log "$default_vllm (--no-deps, the default release)"
 "${pip[@]}" --no-deps "$default_vllm"
 "${pip[@]}" --no-deps -e .

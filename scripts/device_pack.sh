@@ -2,8 +2,8 @@
 # Build the folder the GPU check carries to a lent machine (default .devpack/, git-ignored),
 # where nothing can be fetched and a run carries 64 MiB in all, the working tree included:
 #   wheels/tailproof-*.whl  the project, built from the files a run sends;
-#   vllm-X.tar.xz           each release of requirements/device/pack.txt: its pure-Python
-#                           sources from the bootstrap's install (no compiled .so);
+#   vllm-X.tar.xz           each supported release (requirements/vllm-releases.txt): its
+#                           pure-Python sources from the bootstrap's install (no compiled .so);
 #   wheels/*.whl            cp312 manylinux wheels of every package the check imports that the
 #                           machine's image lacks (requirements/device/pack.txt);
 #   MANIFEST.txt            the pack's size against its limit, and every file's size and hash.
@@ -38,11 +38,12 @@ digest="$("$PY" scripts/devpack.py source-digest "$src")"
   -w "$tmp/wheels" "$src" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
 log "project: $(basename "$tmp"/wheels/tailproof-*.whl)"
 
-# Each vLLM release: its sources from the venv (the default release) or its overlay folder.
+# Each supported vLLM release (requirements/vllm-releases.txt, newest first): its sources from
+# the venv (the default release) or its overlay folder.
 purelib="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 releases=()
 header=()
-for v in $(sed -n 's/^vllm==\([^ #]*\).*/\1/p' "$LIST"); do
+for v in $(awk '/^vllm==/ && $2 == "supported" {print substr($1, 7)}' requirements/vllm-releases.txt); do
   site="$(./scripts/vllm_env.sh "$v")"
   "$PY" scripts/devpack.py vllm-tar "${site:-$purelib}" "$v" "$tmp/vllm-$v.tar.xz" --reuse "$PACK"
   releases+=("$v")
@@ -52,7 +53,7 @@ done
 # The wheels: the version of requirements/constraints.txt; one an earlier pack holds is reused.
 image="$(grep -v '^#' requirements/device/image-packages.txt | while read -r p; do norm "$p"; done)"
 want=()
-for name in $(grep -v -e '^#' -e '^vllm==' -e '^$' "$LIST" | sed 's/[ #].*//'); do
+for name in $(grep -v -e '^#' -e '^$' "$LIST" | sed 's/[ #].*//'); do
   n="$(norm "$name")"
   if echo "$image" | grep -qx "$n"; then
     log "$name is in the machine's image (requirements/device/image-packages.txt): do not carry it"

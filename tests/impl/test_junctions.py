@@ -148,9 +148,15 @@ def test_hook_refuses_other_vllm_versions(monkeypatch: pytest.MonkeyPatch) -> No
     side = e.conn.scheduler_side
     side.exact_junction_stops = False
     e.sched.mamba_shared_prefix_checkpoint = False  # type: ignore[attr-defined]
-    monkeypatch.setattr(vllm, "__version__", "0.34.0")
+    monkeypatch.setattr(vllm, "__version__", "0.35.0")  # names not checked against it
     e.conn.on_scheduler_built(e.sched)  # type: ignore[attr-defined]
     assert not side.exact_junction_stops and not e.sched.mamba_shared_prefix_checkpoint
+    for checked in ("0.33.0", "0.34.0"):  # vllm_release.JUNCTION_HOOK_RELEASES
+        monkeypatch.setattr(vllm, "__version__", checked)
+        e.conn.on_scheduler_built(e.sched)  # type: ignore[attr-defined]
+        assert side.exact_junction_stops and e.sched.mamba_shared_prefix_checkpoint
+        side.exact_junction_stops = False
+        e.sched.mamba_shared_prefix_checkpoint = False  # type: ignore[attr-defined]
     e.shutdown()
 
 

@@ -435,6 +435,35 @@ def failed_flush_ends_the_wait() -> Case:
     return c
 
 
+def decode_boundary_after_decode_blocks() -> Case:
+    c = case("conn_x23_decode_boundary_reads_blocks_taken_in_decode",
+             "Rule 5 with FA blocks smaller than the lcm (FA4+M16, h4): A's 11-token prompt "
+             "takes FA blocks 0-2; FA block 3 (tokens 12-16) is taken by a decode step, where "
+             "nothing is saved. The aligned Mamba hand-off at 16 is accepted and its "
+             "offload-only job puts FA blocks 0-3 under keys 4..16, block 3 included: the job "
+             "reads the table as it is now, not as the last step that saved left it (a "
+             "hypothesis run found impl dropping that block: it kept its table mirror only on "
+             "steps that save). B, sharing 18 of A's tokens, resumes at 16 from the store.",
+             author.config([(FA, 4, False), (M, 16, False)], 4, 64,
+                           connector={"role": "producer", "decode_boundary_saves": True}))
+    c.add("A", [rng(0, 11)])
+    c.step(admit=("A",))
+    c.step(run=("A",))
+    decode(c, "A", 500, 7)
+    c.op("conn_state")
+    finish(c, "A", 507)
+    c.step(finished=("A",))
+    c.op("worker_run")
+    c.op("worker_report")
+    c.op("store_keys")
+    c.op("reset")
+    c.add("B", [of("A", 11), rng(500, 507), 9])
+    c.op("store_lookup", rid="B")
+    c.step(admit=("B",))
+    c.op("table", rid="B")
+    return c
+
+
 BUILDERS: list[Callable[[], Case]] = [
     two_turn_chat,
     last_snapshot_flushed,
@@ -449,6 +478,7 @@ BUILDERS: list[Callable[[], Case]] = [
     lookup_waits_for_flush,
     failed_flush_ends_the_wait,
     final_snapshot_ignores_reserve,
+    decode_boundary_after_decode_blocks,
 ]
 
 if __name__ == "__main__":
