@@ -15,7 +15,7 @@ PER_RELEASE = status=0; for r in $(RELEASES); do \
 	  PYTHONPATH="$$(./scripts/vllm_env.sh $$r)" $(1) || status=1; \
 	done; exit $$status
 
-.PHONY: check test venv lint bench
+.PHONY: check test venv lint bench device-pack device-dryrun
 
 venv:
 	@./scripts/bootstrap.sh
@@ -34,3 +34,12 @@ lint: venv
 
 bench: venv
 	$(VENV)/bin/python -m pytest benchmarks --benchmark-only
+
+# The GPU check (docs/impl.md, "GPU check"): the folder a lent machine gets (.devpack), and the
+# dry run of the check on this machine, in a Python 3.12 venv holding only the machine's
+# packages (first run: about 4 GB and several minutes of set-up). .ci/run runs it.
+device-pack: venv
+	./scripts/device_pack.sh
+
+device-dryrun: venv
+	./scripts/device_dryrun.sh

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "citations.md"
 CITATION = re.compile(r"\b([A-Z]{2,3}):(\d+)(?:-(\d+))?\b")
 SEARCHED = ("*.py", "*.md", "*.json")
-SKIPPED = {".venv", ".git", "build"}
+SKIPPED = {".git", "build", ".devpack"}  # and every virtual environment (.venv, .venv-device, ...)
 
 
 def _vllm_root() -> Path:
@@ -45,7 +45,8 @@ def _repo_citations() -> list[tuple[Path, str, int, int]]:
     out = []
     for pattern in SEARCHED:
         for f in ROOT.rglob(pattern):
-            if SKIPPED & set(f.relative_to(ROOT).parts):
+            parts = f.relative_to(ROOT).parts
+            if SKIPPED & set(parts) or any(p.startswith(".venv") for p in parts):
                 continue
             for m in CITATION.finditer(f.read_text(errors="replace")):
                 lo = int(m.group(2))
