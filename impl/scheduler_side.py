@@ -28,9 +28,12 @@ a shared body would compare a function with itself. Pure arithmetic is shared in
   waiting request in a step that preempted -- so the preemption retires only its older state
   (tracker, snapshot slots); the admission's load spec and entry stand and its load is issued
   (else it waits in ``WAITING_FOR_REMOTE_KVS`` forever);
-* every block a store job may read is pinned (``block_pool.touch``) when the job is emitted
-  and released exactly once, when every worker reported the job; so requests never delay
-  their own free (``request_finished_all_groups`` answers ``(False, None)``);
+* a store job is a :class:`~tailproof.impl.meta.SaveDraft` while ``build_connector_meta``
+  assembles it; :meth:`SchedulerSide.seal` makes the frozen ``StoreJob`` (tail and decode
+  puts, pins, id, key epoch), the only place one is made. Every block a job may read is
+  pinned (``block_pool.touch``) there and released exactly once, when every worker reported
+  the job; so requests never delay their own free (``request_finished_all_groups`` answers
+  ``(False, None)``). A finish-time job is sealed at finish, with that moment's epoch;
 * reuse extension (``docs/reuse.md``, ``docs/junctions.md``; off by default, not vLLM 0.33):
   the turn-end checkpoints, decode-time block boundaries and lookup wait live in
   ``turn_end.TurnEndCheckpoints``, the junction checkpoints in ``junctions.JunctionCheckpoints``
@@ -53,6 +56,7 @@ from tailproof.impl.lookup import StoreLookup
 from tailproof.impl.meta import (
     BoundaryPut,
     LoadJob,
+    SaveDraft,
     StoreJob,
     TailKeyBoundary,
     TailproofMeta,
@@ -303,7 +307,7 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
             self._check_step_supported(so)
             extension = not self.reuse_disabled
             self._step_end = self._step_ends(so) if extension else {}
-        pending: list[StoreJob] = []
+        pending: list[SaveDraft] = []
         for nr in so.scheduled_new_reqs:
             self._new_request(nr, so, pending, not consumer, meta)
         cached = so.scheduled_cached_reqs
@@ -342,28 +346,22 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
                 if table is None:
                     raise AssertionError(f"no current block table for store request {s.req_id}")
                 s.block_ids = tuple([table[g] for g in core])
-        # Finish-time jobs were stamped when their KV was taken (_stamp); the rest now.
-        late: set[int] = set()
-        if self.finished_partial_tails or self.finished_turn_ends:
-            late = {id(j) for j in (*self.finished_partial_tails.values(),
-                                    *self.finished_turn_ends.values())}
-            pending.extend(self.finished_partial_tails.values())
-            self.finished_partial_tails.clear()
-            pending.extend(self.finished_turn_ends.values())
-            self.finished_turn_ends.clear()
         stores = meta.stores
-        for s in pending:
-            if self._pin(s):
-                stores.append(s)
+        for d in pending:
+            if (job := self.seal(d)) is not None:
+                stores.append(job)
+        # Finish-time jobs were sealed at finish, with that moment's epoch (a reset in between
+        # must not publish their KV under the new one).
+        if self.finished_partial_tails:
+            stores.extend(self.finished_partial_tails.values())
+            self.finished_partial_tails.clear()
+        if self.finished_turn_ends:
+            stores.extend(self.finished_turn_ends.values())
+            self.finished_turn_ends.clear()
         if extension and self.settings.turn_end_checkpoints and state is not None:
             self._take_snapshots(so, state, meta)
         if extension and self.junction_targets and state is not None:
             self._junction_jobs(state, meta)
-        epoch = self.key_epoch.value
-        for jobs in (meta.loads, stores):
-            for job in jobs:
-                if id(job) not in late:
-                    job.epoch = epoch
         if self._step_end:
             self._step_end = {}
         return meta
@@ -380,7 +378,7 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
             meta.loads.append(self._load_job(rid, ids, req, spec, is_async=True))
             self.metrics.loads_emitted += 1
 
-    def _new_request(self, nr: Any, so: Any, pending: list[StoreJob], saves: bool,
+    def _new_request(self, nr: Any, so: Any, pending: list[SaveDraft], saves: bool,
                      meta: TailproofMeta) -> None:
         rid = nr.req_id
         spec = self.load_specs.pop(rid, None)
@@ -406,15 +404,15 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
                                          is_async=False))
         self.metrics.loads_emitted += 1
 
-    @staticmethod
-    def _load_job(rid: str, ids: tuple[list[int], ...], req: Any, spec: LoadSpec,
+    def _load_job(self, rid: str, ids: tuple[list[int], ...], req: Any, spec: LoadSpec,
                   is_async: bool) -> LoadJob:
         return LoadJob(req_id=rid, block_ids=ids, block_hashes=list(req.block_hashes),
                        vllm_cached_tokens=spec.vllm_cached_tokens,
                        kvpool_cached_tokens=spec.kvpool_cached_tokens,
-                       tail_key_boundaries=spec.tail_key_boundaries, is_async=is_async)
+                       tail_key_boundaries=spec.tail_key_boundaries, is_async=is_async,
+                       epoch=self.key_epoch.value)
 
-    def _cached_request(self, cached: Any, i: int, rid: str, so: Any, pending: list[StoreJob],
+    def _cached_request(self, cached: Any, i: int, rid: str, so: Any, pending: list[SaveDraft],
                         meta: TailproofMeta) -> None:
         resumed = rid in resumed_ids(cached)  # 0.33 Model Runner V1 only (vllm_release)
         core_ids = cached.new_block_ids[i]  # the core's lists, per core group
@@ -463,7 +461,8 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
         for mirror, g in zip(t.allocated_block_ids, self.geo.core_group_ids, strict=True):
             mirror.extend(core_ids[g])
 
-    def _maybe_save(self, t: RequestTracker, req: Any, pending: list[StoreJob], skip: bool) -> None:
+    def _maybe_save(self, t: RequestTracker, req: Any, pending: list[SaveDraft],
+                    skip: bool) -> None:
         """Mooncake's ``ReqMeta.from_request_tracker`` save decision."""
         lcm = self.geo.scheduler_block_size
         to_save = t.token_len // lcm * lcm
@@ -474,14 +473,14 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
             return
         start, t.num_saved_tokens = t.num_saved_tokens, to_save
         t.partial_tail_sent |= publish
-        pending.append(StoreJob(
+        pending.append(SaveDraft(
             req_id=req.request_id, token_len_chunk=to_save, block_ids=t.allocated_block_ids,
             block_hashes=req.block_hashes, token_ids_start=start, publish_partial_tail=publish,
             completed_token_len=t.token_len, num_prompt_tokens=prompt,
             prefill_end_tokens=t.prefill_end_tokens))
 
     def _handle_boundary_state_offloads(
-        self, offloads: dict[str, list[tuple[int, int, int]]], pending: list[StoreJob]
+        self, offloads: dict[str, list[tuple[int, int, int]]], pending: list[SaveDraft]
     ) -> None:
         """Claim the core's exact Mamba boundary states for this step's store jobs."""
         by_req = {s.req_id: s for s in pending}
@@ -504,7 +503,7 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
                 continue
             req = ent[0]
             completed = self._step_end.get(rid, t.token_len) if decode else t.token_len
-            s = StoreJob(req_id=rid, token_len_chunk=0, block_ids=t.allocated_block_ids,
+            s = SaveDraft(req_id=rid, token_len_chunk=0, block_ids=t.allocated_block_ids,
                          block_hashes=req.block_hashes, boundary_puts=accepted,
                          completed_token_len=completed,
                          num_prompt_tokens=req.num_prompt_tokens, decode_boundaries=decode)
@@ -532,7 +531,7 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
             out.append(BoundaryPut(g, block_id, boundary))
         return out
 
-    def partial_tail_puts(self, s: StoreJob) -> list[BoundaryPut]:
+    def partial_tail_puts(self, s: SaveDraft) -> list[BoundaryPut]:
         """Attention blocks of the prompt's partial tail (``spec.arithmetic.partial_tail_puts``,
         Mooncake's ``_partial_tail_non_mamba_puts``): ``[floor(ck, lcm), ck + margin)`` per
         group."""
@@ -563,62 +562,73 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
                 num_prompt_tokens, self.geo.hash_block_size, self.geo.use_eagle))
         return ck
 
-    def _pin(self, s: StoreJob) -> bool:
-        """Assign a job id and take one GPU reference per distinct block the job may read;
-        False: the job is skipped (pin budget), never emitted."""
-        if s.store_job_id is not None:
-            return True  # a finish-time job, pinned at finish
-        if s.decode_boundaries:
-            s.boundary_puts = [*self._decode_boundary_puts(s), *s.boundary_puts]
-        if tail := self.partial_tail_puts(s):
-            s.boundary_puts = [*tail, *s.boundary_puts]
-        ids = [p.block_id for p in s.boundary_puts]
+    def seal(self, d: SaveDraft, *, budgeted: bool = True) -> StoreJob | None:
+        """The one place a :class:`StoreJob` is made: the draft's boundary puts get the
+        attention puts of its decode boundaries (rule 5) and of the prompt's partial tail in
+        front; one GPU reference is taken per distinct block the job may read (the puts, and
+        the normal save's table from the pin floor); the job gets the next id and the current
+        key epoch. None: the pins would pass the pin budget, no id is taken and the draft is
+        dropped. ``budgeted=False``: a checkpoint job of the reuse extension, which the budget
+        never skips (as in the reference, ``_pin_extension_job``)."""
+        puts = d.boundary_puts
+        if d.decode_boundaries:
+            puts = [*self._decode_boundary_puts(d), *puts]
+        if tail := self.partial_tail_puts(d):
+            puts = [*tail, *puts]
+        ids = [p.block_id for p in puts]
         if NULL_BLOCK_ID in ids:
             raise AssertionError("a null block can never back a boundary put")
         if len(ids) > 1:
             ids = list(dict.fromkeys(ids))
         t = None
-        if s.token_len_chunk:
-            t = self.request_trackers.get(s.req_id) if self._readable else None
-            table = self._save_pins(s, t)
+        floor = 0
+        if d.token_len_chunk:
+            t = self.request_trackers.get(d.req_id) if self._readable else None
+            table, floor = self._save_pins(d, t)
             if NULL_BLOCK_ID in table:  # null table entries are never read
                 table = [b for b in table if b != NULL_BLOCK_ID]
-            if tail or s.decode_boundaries:
+            if tail or d.decode_boundaries:
                 # an attention tail put's block may be in the table too: one reference per
                 # block (a Mamba state block never is: it belongs to its own group's table)
                 ids = list(dict.fromkeys(ids + table))
             else:
                 ids += table
-        job = self._pins_within_budget(ids)
-        if job is None:
-            return False
-        s.store_job_id = job
-        if t is not None and job in self.held:
-            self._save_jobs[job] = [t, t.life, None]
+        job_id = self._pins_within_budget(ids) if budgeted else self._take_pins(ids)
+        if job_id is None:
+            return None
+        job = StoreJob(
+            store_job_id=job_id, req_id=d.req_id, token_len_chunk=d.token_len_chunk,
+            block_ids=d.block_ids, block_hashes=d.block_hashes, boundary_puts=tuple(puts),
+            token_ids_start=d.token_ids_start, publish_partial_tail=d.publish_partial_tail,
+            completed_token_len=d.completed_token_len, num_prompt_tokens=d.num_prompt_tokens,
+            prefill_end_tokens=d.prefill_end_tokens, epoch=self.key_epoch.value,
+            pin_floor=floor)
+        if t is not None and job_id in self.held:
+            self._save_jobs[job_id] = [t, t.life, None]
         if self._track_inflight:
-            self._register_inflight(s)
-        return True
+            self._register_inflight(job)
+        return job
 
-    def _save_pins(self, s: StoreJob, t: RequestTracker | None) -> list[int]:
-        """The non-Mamba blocks the normal save of ``s`` may read. vLLM 0.33
-        (``_reference_save_blocks``) pins every one of the table: a rank resumes from its own
-        saved offset, which lags after a failed or skipped put. With ``readable_pins`` (t
-        given) only ``[floor, end)``: ``floor`` = the offset every rank reported reaching
+    def _save_pins(self, d: SaveDraft, t: RequestTracker | None) -> tuple[list[int], int]:
+        """The non-Mamba blocks the normal save of ``d`` may read, and the pin floor. vLLM 0.33
+        (``_reference_save_blocks``) pins every one of the table (floor 0): a rank resumes from
+        its own saved offset, which lags after a failed or skipped put. With ``readable_pins``
+        (t given) only ``[floor, end)``: ``floor`` = the offset every rank reported reaching
         after an earlier job of this tracker's life (0 before any report), capped at
         ``token_ids_start``. A rank's offset only grows within a life, its jobs run in order,
-        so it resumes at or above ``floor``; the worker reads nothing below ``pin_floor``."""
+        so it resumes at or above ``floor``; the worker reads nothing below the job's
+        ``pin_floor``."""
         mamba, sizes = self.geo.is_mamba, self.geo.block_sizes
         if t is None:
-            return [b for g, table in enumerate(s.block_ids) if not mamba[g] for b in table]
-        floor = min(s.token_ids_start, t.confirmed[1])
-        s.pin_floor = floor
-        end = s.token_len_chunk
+            return [b for g, table in enumerate(d.block_ids) if not mamba[g] for b in table], 0
+        floor = min(d.token_ids_start, t.confirmed[1])
+        end = d.token_len_chunk
         out: list[int] = []
-        for g, table in enumerate(s.block_ids):
+        for g, table in enumerate(d.block_ids):
             if not mamba[g]:
                 bs = sizes[g]
                 out += table[floor // bs: -(-end // bs)]
-        return out
+        return out, floor
 
     def _pins_within_budget(self, ids: list[int]) -> int | None:
         """:meth:`_take_pins`, or None (no id taken, counted) when the pins still held by jobs
@@ -678,23 +688,19 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
             if g is None or block_id == NULL_BLOCK_ID:
                 return False
             mamba.append(BoundaryPut(g, block_id, b))
-        s = StoreJob(req_id=rid, token_len_chunk=0,
-                     block_ids=tuple([list(block_ids[g]) for g in self.geo.core_group_ids]),
-                     block_hashes=list(request.block_hashes), boundary_puts=mamba,
-                     completed_token_len=request.num_computed_tokens,
-                     num_prompt_tokens=request.num_prompt_tokens)
+        d = SaveDraft(req_id=rid, token_len_chunk=0,
+                      block_ids=tuple([list(block_ids[g]) for g in self.geo.core_group_ids]),
+                      block_hashes=list(request.block_hashes), boundary_puts=mamba,
+                      completed_token_len=request.num_computed_tokens,
+                      num_prompt_tokens=request.num_prompt_tokens)
         if rid in self.finished_partial_tails:
             raise AssertionError(f"{rid}: second finish-time hand-off")
-        if not self._pin(s):  # the attention tail puts, then the pins, as for a step's job
-            return False  # over the pin budget: the tail is not stored
-        self.finished_partial_tails[rid] = self._stamp(s)
+        # Sealed now, as a step's job (the attention tail puts, the pins), with this epoch: it
+        # is emitted with a later meta, but its KV is this epoch's.
+        job = self.seal(d)
+        if job is not None:  # None: over the pin budget, the tail is not stored
+            self.finished_partial_tails[rid] = job
         return False
-
-    def _stamp(self, job: StoreJob) -> StoreJob:
-        """A finish-time job is emitted with a later meta, but its KV is this epoch's: a reset
-        in between must not publish it under the new epoch."""
-        job.epoch = self.epoch
-        return job
 
     def update_connector_output(self, worker_meta: Any, failed_recving: Iterable[str] = ()) -> None:
         """Release the pins of every store job all workers have finished (exactly once), and

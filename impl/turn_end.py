@@ -22,10 +22,11 @@ otherwise vLLM 0.33's Mooncake scheduler:
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from tailproof.impl.config import Settings, StoreGeometry
-from tailproof.impl.meta import BoundaryPut, Snapshot, StoreJob, TailproofMeta
+from tailproof.impl.meta import BoundaryPut, SaveDraft, Snapshot, StoreJob, TailproofMeta
 from tailproof.impl.metrics import SchedulerMetrics
 from tailproof.spec.arithmetic import (
     NULL_BLOCK_ID,
@@ -39,7 +40,7 @@ logger = logging.getLogger(__name__)
 
 class TurnEndCheckpoints:
     """The turn-end part of ``SchedulerSide`` (a mixin: its state lives on the scheduler side,
-    which supplies the attributes annotated here and ``_take_pins`` / ``_stamp``)."""
+    which supplies the attributes annotated here and ``seal``)."""
 
     settings: Settings
     geo: StoreGeometry
@@ -49,6 +50,7 @@ class TurnEndCheckpoints:
     request_trackers: dict[str, Any]
     unfinished_requests: dict[str, tuple[Any, tuple[list[int], ...]]]
     _eagle_margins: tuple[int, ...]
+    seal: Callable[..., StoreJob | None]  # SchedulerSide.seal
 
     def _init_turn_end(self, settings: Settings, geo: StoreGeometry) -> None:
         """The extension's per-engine state (empty; nothing runs while it is off)."""
@@ -103,7 +105,7 @@ class TurnEndCheckpoints:
                 ent[1] += 1
                 keys.append(hh)
         if keys:
-            self._job_keys[s.store_job_id] = keys  # type: ignore[index]
+            self._job_keys[s.store_job_id] = keys
 
     def _release_inflight(self, job: int) -> None:
         # Also in reference.connector.turn_end (rule 7's in-flight keys): impl and the reference
@@ -242,7 +244,7 @@ class TurnEndCheckpoints:
                                      request.num_computed_tokens)
             if rid in self.finished_turn_ends:
                 raise AssertionError(f"{rid}: second turn-end flush")
-            self.finished_turn_ends[rid] = self._stamp(job)
+            self.finished_turn_ends[rid] = job  # sealed now: this epoch's KV
         else:
             self._reuse_skipped("turn_end_not_flushed", "at finish the snapshot lies past the "
                                 "computed tokens or the hashes, or the request has no tracker")
@@ -252,8 +254,9 @@ class TurnEndCheckpoints:
     def _checkpoint_job(self, request: Any, slots: list[int], b: int,
                         ids: tuple[list[int], ...], saved_tokens: int, completed: int,
                         metric: str = "turn_end_jobs") -> StoreJob:
-        """The pinned job storing a snapshot at ``b`` (a turn end or a junction): the attention
-        KV from ``saved_tokens`` up to ``b``, then the snapshot blocks under ``b``'s key."""
+        """The sealed job storing a snapshot at ``b`` (a turn end or a junction): the attention
+        KV from ``saved_tokens`` up to ``b``, then the snapshot blocks under ``b``'s key; its
+        pins are taken now, outside the pin budget."""
         geo = self.geo
         attn = turn_end_attention_puts(
             boundary=b, saved_tokens=saved_tokens, completed_token_len=completed,
@@ -263,12 +266,12 @@ class TurnEndCheckpoints:
         puts = [BoundaryPut(*p) for p in attn]
         puts += [BoundaryPut(g, slot, b) for g, slot in zip(self._mamba_groups, slots,
                                                              strict=True)]
-        job = StoreJob(req_id=request.request_id, token_len_chunk=0, block_ids=ids,
-                       block_hashes=list(request.block_hashes), boundary_puts=puts,
-                       completed_token_len=completed, num_prompt_tokens=request.num_prompt_tokens)
-        job.store_job_id = self._take_pins(list(dict.fromkeys([p.block_id for p in puts])))
-        if self._track_inflight:
-            self._register_inflight(job)
+        job = self.seal(SaveDraft(
+            req_id=request.request_id, token_len_chunk=0, block_ids=ids,
+            block_hashes=list(request.block_hashes), boundary_puts=puts,
+            completed_token_len=completed, num_prompt_tokens=request.num_prompt_tokens),
+            budgeted=False)
+        assert job is not None  # outside the budget: always sealed
         self.metrics.c.inc(metric)
         return job
 
@@ -282,7 +285,7 @@ class TurnEndCheckpoints:
         h = self.geo.hash_block_size
         return (request.num_prompt_tokens + max_tokens - 1) // h * h
 
-    def _decode_boundary_puts(self, s: StoreJob) -> list[BoundaryPut]:
+    def _decode_boundary_puts(self, s: SaveDraft) -> list[BoundaryPut]:
         """Rule 5: the attention blocks up to each accepted decode boundary of ``s``
         (deduplicated, in boundary order), over the job's current block table."""
         t = self.request_trackers.get(s.req_id)

@@ -192,7 +192,7 @@ def test_finish_flush_pins_then_drops_slot_ref() -> None:
     job = t.side.finish_turn(req, t.tables["r"])
     assert job is not None and t.side.snapshot_slots == {}
     assert job.token_len_chunk == 0
-    assert job.boundary_puts == [BoundaryPut(0, fa[2], 48), BoundaryPut(0, fa[3], 52),
+    assert list(job.boundary_puts) == [BoundaryPut(0, fa[2], 48), BoundaryPut(0, fa[3], 52),
                                  BoundaryPut(1, slot, 52)]
     assert t.refs([slot, fa[2], fa[3]]) == [1, 2, 2]  # the job's pins (the table holds fa)
     meta = t.step(finished=("r",))
@@ -261,7 +261,7 @@ def test_decode_boundary_saves(on: bool) -> None:
         return
     (job,) = meta.stores
     assert job.token_len_chunk == 0 and job.completed_token_len == 65
-    assert job.boundary_puts == [BoundaryPut(0, fa[2], 48), BoundaryPut(0, fa[3], 64),
+    assert list(job.boundary_puts) == [BoundaryPut(0, fa[2], 48), BoundaryPut(0, fa[3], 64),
                                  BoundaryPut(1, mamba[3], 64)]
     assert t.refs([fa[2], fa[3], mamba[3]]) == [2, 2, 2]
     assert t.side.request_trackers["r"].num_saved_tokens == 32  # keyed puts: offset unmoved

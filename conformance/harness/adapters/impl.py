@@ -439,7 +439,6 @@ class ImplConnector(ConnectorAdapter):
         if self.sched.next_store_job_id == before:
             return None
         s = self.sched.finished_partial_tails[req.request_id]
-        assert s.store_job_id is not None
         self._snapshot(s.store_job_id, req)
         return self.job_obs(s)
 
@@ -451,7 +450,6 @@ class ImplConnector(ConnectorAdapter):
         job = self.sched.finish_turn(req, block_ids)
         if job is None:
             return None
-        assert job.store_job_id is not None
         self._snapshot(job.store_job_id, req)
         return self.job_obs(job)
 

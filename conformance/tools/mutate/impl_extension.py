@@ -44,10 +44,9 @@ MUTANTS: list[Mutant] = [
            "the snapshot is due on the computed tokens at schedule time, so it is taken in "
            "the step after the one ending on the boundary: the copy (after that step's "
            "forward) holds the state one token past the boundary it is keyed at"),
-    Mutant("te-slot-pin-released-early", TE, "TurnEndCheckpoints._checkpoint_job",
-           "self._take_pins(list(dict.fromkeys([p.block_id for p in puts])))",
-           "self._take_pins(list(dict.fromkeys([p.block_id for p in puts"
-           " if not geo.is_mamba[p.group_id]])))",
+    Mutant("te-slot-pin-released-early", SS, "SchedulerSide.seal",
+           "ids = [p.block_id for p in puts]",
+           "ids = [p.block_id for p in puts if budgeted or not self.geo.is_mamba[p.group_id]]",
            "the flush job does not pin the slots, so dropping the connector's reference at "
            "finish frees them before the workers read them (I14)"),
     Mutant("te-lookup-wait-never-released", SS, "SchedulerSide.update_connector_output",
