@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from types import TracebackType
 
@@ -135,6 +136,12 @@ class LocalMaster:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+    def keys(self) -> list[str]:
+        """Every key the master holds now (its HTTP ``/get_all_keys`` on the metrics port)."""
+        url = f"http://127.0.0.1:{self.metrics_port}/get_all_keys"
+        with urllib.request.urlopen(url, timeout=30) as r:  # noqa: S310 - loopback, our master
+            return r.read().decode().split()
 
     def remove_private_log(self) -> None:
         """Delete the private log folder (only one this object created)."""

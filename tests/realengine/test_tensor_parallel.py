@@ -15,7 +15,6 @@ the connector refuses it at start-up (``impl/config.py`` ``check_store_placement
 from __future__ import annotations
 
 import json
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -91,11 +90,8 @@ def _rank_keys(master: Any, epoch: str, rank: int) -> list[str]:
     """The master's keys of this epoch stored by tensor-parallel rank ``rank``."""
     from tailproof.impl.keys import parse_key
 
-    url = f"http://127.0.0.1:{master.metrics_port}/get_all_keys"
-    with urllib.request.urlopen(url, timeout=30) as r:
-        text = r.read().decode()
     out = []
-    for key in text.split():
+    for key in master.keys():
         try:
             p = parse_key(key)
         except ValueError:
