@@ -495,7 +495,9 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
             accepted = self._accept(entries, end)
             if not accepted:
                 continue
-            rule5 = self.settings.decode_boundary_saves and not self.reuse_disabled
+            # rule 5's attention puts, unless vLLM's decode saves store that KV already
+            rule5 = (self.settings.decode_boundary_saves and not self.reuse_disabled
+                     and not self.settings.native_decode_boundaries)
             decode = sorted({p.num_tokens for p in accepted if p.num_tokens > end}) if rule5 \
                 else []
             if (s := by_req.get(rid)) is not None:
