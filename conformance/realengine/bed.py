@@ -511,11 +511,15 @@ def remove_store_values(worker: Any, keys: list[str], rank: int = 0) -> int:
     return get_kv_transfer_group().store.remove(keys)
 
 
-def wait_connector_idle(worker: Any, timeout: float) -> bool:
+def wait_connector_idle(worker: Any, timeout: float, rank: int | None = None) -> bool:
     """Wait up to ``timeout`` until the worker's connector runs no load or store job (its
-    results then wait for the next step to collect them); whether it got there."""
+    results then wait for the next step to collect them); whether it got there. ``rank``: only
+    on that tensor-parallel rank's worker (the others answer True at once, e.g. one whose store
+    calls :func:`hold_store_puts` holds)."""
     from vllm.distributed.kv_transfer import get_kv_transfer_group
 
+    if rank is not None and tp_rank(worker) != rank:
+        return True
     return get_kv_transfer_group().worker_side.wait_idle(timeout)
 
 
