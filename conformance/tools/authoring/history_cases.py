@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tailproof.conformance.format.trace import load_trace
+from tailproof.conformance.harness.releases import installed_release
 from tailproof.conformance.tools.history.bugs import BUGS, Bug
 from tailproof.conformance.tools.mutate.apply import apply_mutant
 from tailproof.conformance.tools.mutate.catalog import MUTANTS
@@ -73,7 +74,7 @@ FIXUPS: dict[str, Callable[[dict[str, Any]], str]] = {
 def _shrunk_under_mutant(bug: Bug, mutant: str, out: Path) -> None:
     """Child: apply ``mutant``, shrink the bug's seed case, write the small trace."""
     assert bug.seed_case and bug.case
-    apply_mutant(BY_ID[mutant])
+    apply_mutant(BY_ID[mutant].at(installed_release()))
     trace = load_trace(CASES / f"{bug.seed_case}.json")
     # impl (TailproofConnector) joins connector traces, so the small trace stays one impl runs
     # too (its engine simulation checks the bytes every put reads).
