@@ -60,9 +60,14 @@ def _fix_52832(doc: dict[str, Any]) -> str:
             "job (snapshot).")
 
 
+def _fix_56615(doc: dict[str, Any]) -> str:
+    _commit_after(doc, "conn_step", "A")
+    return "A's last commit was added after the shrink (so the tail puts read computed bytes)."
+
+
 #: Edits after the shrink, by bug number: each returns the sentence the description gains.
 FIXUPS: dict[str, Callable[[dict[str, Any]], str]] = {
-    "43559": _fix_43559, "51358": _fix_51358, "52832": _fix_52832}
+    "43559": _fix_43559, "51358": _fix_51358, "52832": _fix_52832, "56615": _fix_56615}
 
 
 def _shrunk_under_mutant(bug: Bug, mutant: str, out: Path) -> None:

@@ -435,7 +435,8 @@ MUTANTS: list[Mutant] = [
     _m("sc-junction-block-ceil", SC, "Scheduler._mamba_block_aligned_split",
        "block_floored = start + (junction - start) // block_size * block_size",
        "block_floored = start + -(-(junction - start) // block_size) * block_size",
-       "a sub-block shared-prefix junction stops the chunk at the next block, past it"),
+       "a sub-block shared-prefix junction stops the chunk at the next block, past it",
+       upstream="#45238 (align checkpoint in request-unique tokens: shared-prefix junction)"),
     # --- Mooncake store scheduler ------------------------------------------------------------
     _m("ms-tail-puts-no-margin", MS, "_partial_tail_non_mamba_puts",
        "proof_end = boundary + coord.eagle_proof_margin_by_group.get(group_id, 0)",
@@ -592,7 +593,8 @@ MUTANTS: list[Mutant] = [
     _m("mw-tail-key-skips-next", MW, "MooncakeStoreWorker._tail_key_boundaries",
        "for hash_idx in range(hit_boundary_hash_idx + 1, next_chunk_hash_idx):",
        "for hash_idx in range(hit_boundary_hash_idx + 2, next_chunk_hash_idx):",
-       "the tail key search skips the first boundary after the hit (EAGLE proof key)"),
+       "the tail key search skips the first boundary after the hit (EAGLE proof key)",
+       upstream="#56615 (EAGLE tail stored at B missed by the B+H attention probe)"),
     # --- vLLM 0.34's rules (docs/releases.md) ---------------------------------------------------
     _m("ms-034-56972-decode-checkpoint-dropped", MS,
        "MooncakeStoreScheduler._handle_boundary_state_offloads",
