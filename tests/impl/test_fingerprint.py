@@ -136,7 +136,8 @@ def _worker(store: MemoryStore, fp: Fingerprint) -> tuple[WorkerSide, SimRunner]
                     hash_block_size=H, scheduler_block_size=16, partial_hits=True, use_eagle=False,
                     num_blocks=NB)
     runner = SimRunner([GroupShape("full_attention", 16, 2), GroupShape("mamba", 16, 2)], NB)
-    w = WorkerSide(Settings(namespace="shared"), geo, store, 0, 1, fingerprint=fp)
+    w = WorkerSide(Settings(namespace="shared"), geo, store, 0, 1, fingerprint=fp,
+                   keep_load_outcomes=True)
     w.register_kv_caches(runner.kv, runner.layer_names)
     return w, runner
 
