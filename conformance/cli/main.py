@@ -17,6 +17,7 @@ from tailproof import __version__
 from tailproof.conformance.cli import (
     capture,
     check,
+    diff,
     doctor,
     history,
     mutate,
@@ -43,6 +44,7 @@ SUBCOMMANDS: list[Callable[[Any], None]] = [
     check.register_check, replay.register_replay, validate.register_validate,
     record.register_record, capture.register_capture, shrink.register_shrink,
     prove.register_prove, mutate.register_mutate, history.register_history,
+    diff.register_diff,
     doctor.register_doctor, stats.register_stats, smoke.register_smoke,
 ]
 
