@@ -1,5 +1,5 @@
-"""tailproof: replay conformance traces on the reference model, vLLM 0.33 and the tailproof
-connector, compare them op by op, and prove the spec.
+"""tailproof: replay conformance traces on the reference model, vLLM (0.33 or 0.34) and the
+tailproof connector, compare them op by op, and prove the spec.
 
 Exit status: 0 everything ran and agreed; 1 a divergence or a failed proof; 2 bad input or an
 environment that cannot run what was asked (one line on stderr naming the cause and the fix).
