@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.append(str(Path(__file__).resolve().parent.parent))  # after PYTHONPATH
 
 from benchmarks.core_workload import prepared, prompts, run  # noqa: E402
 from benchmarks.run_info import RunInfo  # noqa: E402
