@@ -81,7 +81,7 @@ class Bench:
         self.worker.register_kv_caches({"kv": self.kv}, [["kv"]])
         hashes = [b.to_bytes(8, "big") for b in range(self.n)]
         self.items = [(0, b, hashes[b]) for b in range(self.n)]
-        self.job = StoreJob(req_id="bench", token_len_chunk=0, block_ids=([],),
+        self.job = StoreJob(store_job_id=0, req_id="bench", token_len_chunk=0, block_ids=([],),
                             block_hashes=hashes)
         self.keys = [self.worker.key(0, h) for h in hashes]
         per = max(1, self.settings.staging_buffer_bytes // slot_nbytes(size))

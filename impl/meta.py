@@ -5,7 +5,8 @@ Semantics: ``tailproof.reference.connector.meta`` (its ``ReqMeta`` / ``RequestTr
 (``ReqMeta``, ``LoadSpec``, ``BoundaryPut``, ``TailKeyBoundary``, ``MooncakeStoreWorkerMetadata``),
 whose field names these records keep. Unlike vLLM, one step's metadata carries loads and store
 jobs as two record types (:class:`LoadJob`, :class:`StoreJob`) instead of one ``ReqMeta`` with
-``load_spec`` / ``can_save``. Plain dataclasses of ints and bytes: picklable across vLLM's
+``load_spec`` / ``can_save``; a store job is a mutable :class:`SaveDraft` until the scheduler
+seals it. Plain dataclasses of ints and bytes: picklable across vLLM's
 process boundary. Group indices are *store* group indices (see ``config.StoreGeometry``).
 """
 
@@ -66,33 +67,59 @@ class LoadJob:
 
 
 @dataclass(slots=True, kw_only=True)
-class StoreJob:
-    """One store job (a ``ReqMeta`` with ``can_save``): an optional normal save of
-    ``[token_ids_start, token_len_chunk)`` plus boundary puts.
+class SaveDraft:
+    """A store job while ``SchedulerSide.build_connector_meta`` assembles it (scheduler role
+    only; never sent to a worker). The step's passes fill it in -- the save decision
+    (``_maybe_save``), the core's Mamba hand-offs (``_handle_boundary_state_offloads``), the
+    current tables of window groups -- and ``SchedulerSide.seal`` turns it into the one
+    :class:`StoreJob` the workers get, or drops it (pin budget)."""
 
-    The scheduler holds one GPU block reference on every block the job may read until every
-    worker reported the job done, so the job can never read a reused block. ``store_job_id``
-    is None while the scheduler is still building the job (before it is pinned).
-    """
-
-    store_job_id: int | None = None
     req_id: str
     token_len_chunk: int  # normal-save end, floored to the lcm (0: boundary puts only)
     block_ids: tuple[list[int], ...]
     block_hashes: list[bytes]
     boundary_puts: list[BoundaryPut] = field(default_factory=list)
-    token_ids_start: int = 0  # tokens saved before this job (observation only)
+    token_ids_start: int = 0  # tokens the scheduler had saved before this job
     publish_partial_tail: bool = False  # the save that first covers the prompt
     completed_token_len: int = 0  # tokens computed when the job was built (bounds EAGLE proof)
     num_prompt_tokens: int = 0  # fixes the checkpoint ck(P) whose tail is published
     prefill_end_tokens: int = 0  # replay boundary of the store mask (sparse retention only)
-    epoch: str = "0"  # the scheduler's key epoch when it emitted the job (``keys.KeySpace``)
     # Decode-time aligned Mamba boundaries accepted this step (``decode_boundary_saves``): the
-    # job also puts the attention blocks up to each (``turn_end_attention_puts``) when pinned.
+    # seal also puts the attention blocks up to each (``turn_end_attention_puts``).
     decode_boundaries: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoreJob:
+    """One sealed store job (a ``ReqMeta`` with ``can_save``): boundary puts, then an optional
+    normal save. Built only by ``SchedulerSide.seal``, which also took its id and its pins.
+
+    The normal save covers, on each rank, the non-Mamba blocks from that rank's own saved
+    offset up to ``token_len_chunk`` (vLLM's ``KVCacheStoreSendingThread``: a rank resumes
+    where its last successful save ended, which lags after a failed or skipped put), never
+    from ``token_ids_start`` (what the scheduler had saved, an observation only) and never
+    below ``pin_floor`` (``readable_pins``: a rank below it reads nothing for the normal save).
+
+    The scheduler holds one GPU block reference on every block the job may read until every
+    worker reported the job done, so the job can never read a reused block. ``block_ids`` and
+    ``block_hashes`` may be the request's live, append-only lists (the tracker's mirror, the
+    request's hashes): later steps append to them, never change what the job reads.
+    """
+
+    store_job_id: int
+    req_id: str
+    token_len_chunk: int  # normal-save end, floored to the lcm (0: boundary puts only)
+    block_ids: tuple[list[int], ...]
+    block_hashes: list[bytes]
+    boundary_puts: tuple[BoundaryPut, ...] = ()
+    token_ids_start: int = 0  # tokens the scheduler had saved before this job (observation)
+    publish_partial_tail: bool = False  # the save that first covers the prompt
+    completed_token_len: int = 0  # tokens computed when the job was built (bounds EAGLE proof)
+    num_prompt_tokens: int = 0  # fixes the checkpoint ck(P) whose tail is published
+    prefill_end_tokens: int = 0  # replay boundary of the store mask (sparse retention only)
+    epoch: str = "0"  # the scheduler's key epoch when it sealed the job (``keys.KeySpace``)
     # ``readable_pins``: the token offset from which the job's normal-save blocks are pinned
-    # (0: the whole table, vLLM 0.33's rule). A rank whose saved offset lies below it reads
-    # nothing for the normal save (worker_side: the save is skipped, its offset stays).
+    # (0: the whole table, vLLM 0.33's rule).
     pin_floor: int = 0
 
 

@@ -1,6 +1,6 @@
 """Scheduler role: lookups, load specs, store jobs, pins.
 One module (over 600 lines) because it mirrors one vLLM class, ``MooncakeStoreScheduler``,
-method for method; the reuse extension lives in ``turn_end`` and ``junctions``.
+method for method; the reuse extension is a collaborator (``extension``).
 
 Semantics: ``tailproof.reference.connector.scheduler`` (and ``.meta``, ``.tail``). Mirrors vLLM
 0.33's ``MooncakeStoreScheduler`` (``get_num_new_matched_tokens``, ``update_state_after_alloc``,
@@ -28,15 +28,18 @@ a shared body would compare a function with itself. Pure arithmetic is shared in
   waiting request in a step that preempted -- so the preemption retires only its older state
   (tracker, snapshot slots); the admission's load spec and entry stand and its load is issued
   (else it waits in ``WAITING_FOR_REMOTE_KVS`` forever);
-* every block a store job may read is pinned (``block_pool.touch``) when the job is emitted
-  and released exactly once, when every worker reported the job; so requests never delay
-  their own free (``request_finished_all_groups`` answers ``(False, None)``);
+* a store job is a :class:`~tailproof.impl.meta.SaveDraft` while ``build_connector_meta``
+  assembles it; :meth:`SchedulerSide.seal` makes the frozen ``StoreJob`` (tail and decode
+  puts, pins, id, key epoch), the only place one is made. Every block a job may read is
+  pinned (``block_pool.touch``) there and released exactly once, when every worker reported
+  the job; so requests never delay their own free (``request_finished_all_groups`` answers
+  ``(False, None)``). A finish-time job is sealed at finish, with that moment's epoch;
 * reuse extension (``docs/reuse.md``, ``docs/junctions.md``; off by default, not vLLM 0.33):
-  the turn-end checkpoints, decode-time block boundaries and lookup wait live in
-  ``turn_end.TurnEndCheckpoints``, the junction checkpoints in ``junctions.JunctionCheckpoints``
-  (mixins of :class:`SchedulerSide`, as ``reference.connector.turn_end`` / ``.junctions`` are
-  collaborators of the reference scheduler); the calls into them here are marked
-  ``EXTENSION`` and change nothing while the settings leave them off.
+  a collaborator, ``extension.ReuseExtension`` (turn-end checkpoints, decode-time block
+  boundaries, lookup wait, junction checkpoints), called at named points marked ``EXTENSION``
+  and sharing no state with this class, as ``reference.connector.turn_end`` / ``.junctions``
+  are collaborators of the reference scheduler. With the settings leaving it off the
+  collaborator is ``extension.NoExtension``, whose every point does nothing.
 """
 
 from __future__ import annotations
@@ -47,19 +50,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from tailproof.impl.config import Settings, StoreGeometry
-from tailproof.impl.junctions import JunctionCheckpoints
+from tailproof.impl.extension import make_extension
 from tailproof.impl.keys import KeyEpoch
 from tailproof.impl.lookup import StoreLookup
 from tailproof.impl.meta import (
     BoundaryPut,
     LoadJob,
+    SaveDraft,
     StoreJob,
     TailKeyBoundary,
     TailproofMeta,
     TailproofWorkerMeta,
 )
 from tailproof.impl.metrics import SchedulerMetrics
-from tailproof.impl.turn_end import TurnEndCheckpoints
 from tailproof.impl.vllm_release import decode_checkpoints, preempted_tracker_dropped, resumed_ids
 from tailproof.spec.arithmetic import NULL_BLOCK_ID, checkpoint_position, partial_tail_puts
 
@@ -106,9 +109,9 @@ class RequestTracker:
         self.life += 1
 
 
-class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
-    """The connector's scheduler role (one per engine); the reuse extension's parts are its
-    mixins (module docstring)."""
+class SchedulerSide:
+    """The connector's scheduler role (one per engine); the reuse extension is its collaborator
+    :attr:`ext` (module docstring)."""
 
     def __init__(
         self, settings: Settings, geo: StoreGeometry, lookup: StoreLookup | None,
@@ -157,14 +160,14 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
         # ``save_decode_cache`` stores decode-time Mamba checkpoints (0.34, vllm#56972 fixed).
         self._drop_preempted = preempted_tracker_dropped()
         self._decode_checkpoints = settings.save_decode_cache and decode_checkpoints()
-        self._reuse_configured = settings.reuse_extension
-        self._init_turn_end(settings, geo)  # EXTENSION (turn_end.py)
-        self._init_junctions(settings)  # EXTENSION (junctions.py)
+        # EXTENSION (extension.py): NoExtension unless the settings turn a part of it on.
+        self.ext = make_extension(settings, geo, self.metrics, self.seal)
 
     # ------------------------------------------------------------------ lookup / alloc
 
     def bind_gpu_block_pool(self, pool: Any) -> None:
         self.pool = pool
+        self.ext.bind_pool(pool)  # EXTENSION: its snapshot blocks come from the same pool
         frac = self.settings.pin_budget_fraction
         if frac is not None:
             self._pin_budget = max(1, int(frac * (len(pool.blocks) - 1)))  # not the null block
@@ -174,8 +177,8 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
         """External tokens beyond the (block-aligned) local hit, and whether the load is async;
         with ``junction_checkpoints``, also its store-side junction (docs/junctions.md)."""
         need, is_async = self._matched(request, num_computed)
-        if need is not None and self.junction_index is not None and not self.reuse_disabled:
-            self._set_junction(request, num_computed + need)
+        if need is not None:
+            self.ext.after_lookup(request, num_computed + need)  # EXTENSION: junction rule 1
         return need, is_async
 
     def may_load_async(self, request: Any) -> bool:
@@ -224,7 +227,7 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
                              request.request_id)
             self.metrics.lookup_errors += 1
             return 0, False
-        if self._inflight and self._awaits_inflight(request, max(res.hit_length, num_computed)):
+        if self.ext.lookup_waits(request, res.hit_length, num_computed):  # EXTENSION: rule 7
             self.metrics.c.inc("lookups_deferred")
             return None, False  # vLLM asks again next step (``Scheduler.schedule``: skipped)
         hit = res.hit_length
@@ -272,9 +275,7 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
         for rid in sorted(so.finished_req_ids):
             if memo is not None:
                 memo.forget(rid)  # finished or aborted while waiting
-            self.release_snapshot(rid)  # finish_turn normally did; a no-op then
-            self.junction_seen.pop(rid, None)
-            self.junction_targets.pop(rid, None)
+            self.ext.forget(rid)  # EXTENSION
             self.load_failed.discard(rid)
             self.remembered_loads.discard(rid)
             self.load_specs.pop(rid, None)
@@ -282,7 +283,7 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
             self.unfinished_requests.pop(rid, None)
         preempted = set(so.preempted_req_ids or ())
         for rid in sorted(preempted):  # sorted: slots return to the pool in a fixed order
-            self.release_snapshot(rid)  # rule 4: its state is recomputed
+            self.ext.preempted(rid, rid in self.admitted)  # EXTENSION: rule 4
             if self._drop_preempted:
                 self.request_trackers.pop(rid, None)
             elif (t := self.request_trackers.get(rid)) is not None:
@@ -292,18 +293,13 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
                 # docstring, "re-admission"): the admission's load spec and entry stand.
                 self.metrics.c.inc("readmitted_after_preemption")
                 continue
-            self.junction_targets.pop(rid, None)  # re-admission sets it again
             self.load_specs.pop(rid, None)
             self.unfinished_requests.pop(rid, None)
         self.admitted.clear()
         meta = TailproofMeta(preempted_req_ids=preempted,
                              finished_req_ids=set(so.finished_req_ids))
-        extension = self._reuse_configured and not consumer and not self.reuse_disabled
-        if extension:
-            self._check_step_supported(so)
-            extension = not self.reuse_disabled
-            self._step_end = self._step_ends(so) if extension else {}
-        pending: list[StoreJob] = []
+        self.ext.begin_step(so, self.unfinished_requests)  # EXTENSION: the step's ends
+        pending: list[SaveDraft] = []
         for nr in so.scheduled_new_reqs:
             self._new_request(nr, so, pending, not consumer, meta)
         cached = so.scheduled_cached_reqs
@@ -342,30 +338,18 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
                 if table is None:
                     raise AssertionError(f"no current block table for store request {s.req_id}")
                 s.block_ids = tuple([table[g] for g in core])
-        # Finish-time jobs were stamped when their KV was taken (_stamp); the rest now.
-        late: set[int] = set()
-        if self.finished_partial_tails or self.finished_turn_ends:
-            late = {id(j) for j in (*self.finished_partial_tails.values(),
-                                    *self.finished_turn_ends.values())}
-            pending.extend(self.finished_partial_tails.values())
-            self.finished_partial_tails.clear()
-            pending.extend(self.finished_turn_ends.values())
-            self.finished_turn_ends.clear()
         stores = meta.stores
-        for s in pending:
-            if self._pin(s):
-                stores.append(s)
-        if extension and self.settings.turn_end_checkpoints and state is not None:
-            self._take_snapshots(so, state, meta)
-        if extension and self.junction_targets and state is not None:
-            self._junction_jobs(state, meta)
-        epoch = self.key_epoch.value
-        for jobs in (meta.loads, stores):
-            for job in jobs:
-                if id(job) not in late:
-                    job.epoch = epoch
-        if self._step_end:
-            self._step_end = {}
+        for d in pending:
+            if (job := self.seal(d)) is not None:
+                stores.append(job)
+        # Finish-time jobs were sealed at finish, with that moment's epoch (a reset in between
+        # must not publish their KV under the new one).
+        if self.finished_partial_tails:
+            stores.extend(self.finished_partial_tails.values())
+            self.finished_partial_tails.clear()
+        stores += self.ext.finished_jobs()  # EXTENSION: rule 3, sealed at finish
+        # EXTENSION: rules 1 and 3b, junction rule 2 (copies and jobs after the step's own)
+        self.ext.end_step(state, meta, self.unfinished_requests, self.request_trackers)
         return meta
 
     def _async_loads(self, scheduled: set[str], meta: TailproofMeta) -> None:
@@ -380,7 +364,7 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
             meta.loads.append(self._load_job(rid, ids, req, spec, is_async=True))
             self.metrics.loads_emitted += 1
 
-    def _new_request(self, nr: Any, so: Any, pending: list[StoreJob], saves: bool,
+    def _new_request(self, nr: Any, so: Any, pending: list[SaveDraft], saves: bool,
                      meta: TailproofMeta) -> None:
         rid = nr.req_id
         spec = self.load_specs.pop(rid, None)
@@ -406,15 +390,15 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
                                          is_async=False))
         self.metrics.loads_emitted += 1
 
-    @staticmethod
-    def _load_job(rid: str, ids: tuple[list[int], ...], req: Any, spec: LoadSpec,
+    def _load_job(self, rid: str, ids: tuple[list[int], ...], req: Any, spec: LoadSpec,
                   is_async: bool) -> LoadJob:
         return LoadJob(req_id=rid, block_ids=ids, block_hashes=list(req.block_hashes),
                        vllm_cached_tokens=spec.vllm_cached_tokens,
                        kvpool_cached_tokens=spec.kvpool_cached_tokens,
-                       tail_key_boundaries=spec.tail_key_boundaries, is_async=is_async)
+                       tail_key_boundaries=spec.tail_key_boundaries, is_async=is_async,
+                       epoch=self.key_epoch.value)
 
-    def _cached_request(self, cached: Any, i: int, rid: str, so: Any, pending: list[StoreJob],
+    def _cached_request(self, cached: Any, i: int, rid: str, so: Any, pending: list[SaveDraft],
                         meta: TailproofMeta) -> None:
         resumed = rid in resumed_ids(cached)  # 0.33 Model Runner V1 only (vllm_release)
         core_ids = cached.new_block_ids[i]  # the core's lists, per core group
@@ -463,7 +447,8 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
         for mirror, g in zip(t.allocated_block_ids, self.geo.core_group_ids, strict=True):
             mirror.extend(core_ids[g])
 
-    def _maybe_save(self, t: RequestTracker, req: Any, pending: list[StoreJob], skip: bool) -> None:
+    def _maybe_save(self, t: RequestTracker, req: Any, pending: list[SaveDraft],
+                    skip: bool) -> None:
         """Mooncake's ``ReqMeta.from_request_tracker`` save decision."""
         lcm = self.geo.scheduler_block_size
         to_save = t.token_len // lcm * lcm
@@ -474,14 +459,14 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
             return
         start, t.num_saved_tokens = t.num_saved_tokens, to_save
         t.partial_tail_sent |= publish
-        pending.append(StoreJob(
+        pending.append(SaveDraft(
             req_id=req.request_id, token_len_chunk=to_save, block_ids=t.allocated_block_ids,
             block_hashes=req.block_hashes, token_ids_start=start, publish_partial_tail=publish,
             completed_token_len=t.token_len, num_prompt_tokens=prompt,
             prefill_end_tokens=t.prefill_end_tokens))
 
     def _handle_boundary_state_offloads(
-        self, offloads: dict[str, list[tuple[int, int, int]]], pending: list[StoreJob]
+        self, offloads: dict[str, list[tuple[int, int, int]]], pending: list[SaveDraft]
     ) -> None:
         """Claim the core's exact Mamba boundary states for this step's store jobs."""
         by_req = {s.req_id: s for s in pending}
@@ -495,9 +480,8 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
             accepted = self._accept(entries, end)
             if not accepted:
                 continue
-            # rule 5's attention puts, unless vLLM's decode saves store that KV already
-            rule5 = (self.settings.decode_boundary_saves and not self.reuse_disabled
-                     and not self.settings.native_decode_boundaries)
+            # EXTENSION: rule 5's attention puts, unless vLLM's decode saves store that KV
+            rule5 = self.ext.decode_saves and not self.settings.native_decode_boundaries
             decode = sorted({p.num_tokens for p in accepted if p.num_tokens > end}) if rule5 \
                 else []
             if (s := by_req.get(rid)) is not None:
@@ -505,8 +489,8 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
                 s.decode_boundaries = decode
                 continue
             req = ent[0]
-            completed = self._step_end.get(rid, t.token_len) if decode else t.token_len
-            s = StoreJob(req_id=rid, token_len_chunk=0, block_ids=t.allocated_block_ids,
+            completed = self.ext.step_end(rid, t.token_len) if decode else t.token_len
+            s = SaveDraft(req_id=rid, token_len_chunk=0, block_ids=t.allocated_block_ids,
                          block_hashes=req.block_hashes, boundary_puts=accepted,
                          completed_token_len=completed,
                          num_prompt_tokens=req.num_prompt_tokens, decode_boundaries=decode)
@@ -520,8 +504,7 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
         -- or past it too with ``decode_boundary_saves`` (rule 5; vLLM 0.33 drops those) or
         0.34's decode checkpoints (``save_decode_cache``), the only ones a consumer stores."""
         out: list[BoundaryPut] = []
-        decode_ok = self.settings.decode_boundary_saves and not self.reuse_disabled
-        decode_ok = decode_ok or self._decode_checkpoints
+        decode_ok = self.ext.decode_saves or self._decode_checkpoints  # EXTENSION: rule 5
         mamba_index = self._mamba_index
         consumer = self._consumer
         for core_group, block_id, boundary in entries:
@@ -534,7 +517,7 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
             out.append(BoundaryPut(g, block_id, boundary))
         return out
 
-    def partial_tail_puts(self, s: StoreJob) -> list[BoundaryPut]:
+    def partial_tail_puts(self, s: SaveDraft) -> list[BoundaryPut]:
         """Attention blocks of the prompt's partial tail (``spec.arithmetic.partial_tail_puts``,
         Mooncake's ``_partial_tail_non_mamba_puts``): ``[floor(ck, lcm), ck + margin)`` per
         group."""
@@ -565,62 +548,74 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
                 num_prompt_tokens, self.geo.hash_block_size, self.geo.use_eagle))
         return ck
 
-    def _pin(self, s: StoreJob) -> bool:
-        """Assign a job id and take one GPU reference per distinct block the job may read;
-        False: the job is skipped (pin budget), never emitted."""
-        if s.store_job_id is not None:
-            return True  # a finish-time job, pinned at finish
-        if s.decode_boundaries:
-            s.boundary_puts = [*self._decode_boundary_puts(s), *s.boundary_puts]
-        if tail := self.partial_tail_puts(s):
-            s.boundary_puts = [*tail, *s.boundary_puts]
-        ids = [p.block_id for p in s.boundary_puts]
+    def seal(self, d: SaveDraft, *, budgeted: bool = True) -> StoreJob | None:
+        """The one place a :class:`StoreJob` is made: the draft's boundary puts get the
+        attention puts of its decode boundaries (rule 5) and of the prompt's partial tail in
+        front; one GPU reference is taken per distinct block the job may read (the puts, and
+        the normal save's table from the pin floor); the job gets the next id and the current
+        key epoch. None: the pins would pass the pin budget, no id is taken and the draft is
+        dropped. ``budgeted=False``: a checkpoint job of the reuse extension, which the budget
+        never skips (as in the reference, ``_pin_extension_job``)."""
+        puts = d.boundary_puts
+        if d.decode_boundaries:  # EXTENSION: rule 5
+            puts = [*self.ext.decode_boundary_puts(d, self.request_trackers.get(d.req_id)),
+                    *puts]
+        if tail := self.partial_tail_puts(d):
+            puts = [*tail, *puts]
+        ids = [p.block_id for p in puts]
         if NULL_BLOCK_ID in ids:
             raise AssertionError("a null block can never back a boundary put")
         if len(ids) > 1:
             ids = list(dict.fromkeys(ids))
         t = None
-        if s.token_len_chunk:
-            t = self.request_trackers.get(s.req_id) if self._readable else None
-            table = self._save_pins(s, t)
+        floor = 0
+        if d.token_len_chunk:
+            t = self.request_trackers.get(d.req_id) if self._readable else None
+            table, floor = self._save_pins(d, t)
             if NULL_BLOCK_ID in table:  # null table entries are never read
                 table = [b for b in table if b != NULL_BLOCK_ID]
-            if tail or s.decode_boundaries:
+            if tail or d.decode_boundaries:
                 # an attention tail put's block may be in the table too: one reference per
                 # block (a Mamba state block never is: it belongs to its own group's table)
                 ids = list(dict.fromkeys(ids + table))
             else:
                 ids += table
-        job = self._pins_within_budget(ids)
-        if job is None:
-            return False
-        s.store_job_id = job
-        if t is not None and job in self.held:
-            self._save_jobs[job] = [t, t.life, None]
-        if self._track_inflight:
-            self._register_inflight(s)
-        return True
+        job_id = self._pins_within_budget(ids) if budgeted else self._take_pins(ids)
+        if job_id is None:
+            return None
+        job = StoreJob(
+            store_job_id=job_id, req_id=d.req_id, token_len_chunk=d.token_len_chunk,
+            block_ids=d.block_ids, block_hashes=d.block_hashes, boundary_puts=tuple(puts),
+            token_ids_start=d.token_ids_start, publish_partial_tail=d.publish_partial_tail,
+            completed_token_len=d.completed_token_len, num_prompt_tokens=d.num_prompt_tokens,
+            prefill_end_tokens=d.prefill_end_tokens, epoch=self.key_epoch.value,
+            pin_floor=floor)
+        pinned = job_id in self.held
+        if t is not None and pinned:
+            self._save_jobs[job_id] = [t, t.life, None]
+        self.ext.job_sealed(job, pinned)  # EXTENSION: rule 7
+        return job
 
-    def _save_pins(self, s: StoreJob, t: RequestTracker | None) -> list[int]:
-        """The non-Mamba blocks the normal save of ``s`` may read. vLLM 0.33
-        (``_reference_save_blocks``) pins every one of the table: a rank resumes from its own
-        saved offset, which lags after a failed or skipped put. With ``readable_pins`` (t
-        given) only ``[floor, end)``: ``floor`` = the offset every rank reported reaching
+    def _save_pins(self, d: SaveDraft, t: RequestTracker | None) -> tuple[list[int], int]:
+        """The non-Mamba blocks the normal save of ``d`` may read, and the pin floor. vLLM 0.33
+        (``_reference_save_blocks``) pins every one of the table (floor 0): a rank resumes from
+        its own saved offset, which lags after a failed or skipped put. With ``readable_pins``
+        (t given) only ``[floor, end)``: ``floor`` = the offset every rank reported reaching
         after an earlier job of this tracker's life (0 before any report), capped at
         ``token_ids_start``. A rank's offset only grows within a life, its jobs run in order,
-        so it resumes at or above ``floor``; the worker reads nothing below ``pin_floor``."""
+        so it resumes at or above ``floor``; the worker reads nothing below the job's
+        ``pin_floor``."""
         mamba, sizes = self.geo.is_mamba, self.geo.block_sizes
         if t is None:
-            return [b for g, table in enumerate(s.block_ids) if not mamba[g] for b in table]
-        floor = min(s.token_ids_start, t.confirmed[1])
-        s.pin_floor = floor
-        end = s.token_len_chunk
+            return [b for g, table in enumerate(d.block_ids) if not mamba[g] for b in table], 0
+        floor = min(d.token_ids_start, t.confirmed[1])
+        end = d.token_len_chunk
         out: list[int] = []
-        for g, table in enumerate(s.block_ids):
+        for g, table in enumerate(d.block_ids):
             if not mamba[g]:
                 bs = sizes[g]
                 out += table[floor // bs: -(-end // bs)]
-        return out
+        return out, floor
 
     def _pins_within_budget(self, ids: list[int]) -> int | None:
         """:meth:`_take_pins`, or None (no id taken, counted) when the pins still held by jobs
@@ -680,23 +675,25 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
             if g is None or block_id == NULL_BLOCK_ID:
                 return False
             mamba.append(BoundaryPut(g, block_id, b))
-        s = StoreJob(req_id=rid, token_len_chunk=0,
-                     block_ids=tuple([list(block_ids[g]) for g in self.geo.core_group_ids]),
-                     block_hashes=list(request.block_hashes), boundary_puts=mamba,
-                     completed_token_len=request.num_computed_tokens,
-                     num_prompt_tokens=request.num_prompt_tokens)
+        d = SaveDraft(req_id=rid, token_len_chunk=0,
+                      block_ids=tuple([list(block_ids[g]) for g in self.geo.core_group_ids]),
+                      block_hashes=list(request.block_hashes), boundary_puts=mamba,
+                      completed_token_len=request.num_computed_tokens,
+                      num_prompt_tokens=request.num_prompt_tokens)
         if rid in self.finished_partial_tails:
             raise AssertionError(f"{rid}: second finish-time hand-off")
-        if not self._pin(s):  # the attention tail puts, then the pins, as for a step's job
-            return False  # over the pin budget: the tail is not stored
-        self.finished_partial_tails[rid] = self._stamp(s)
+        # Sealed now, as a step's job (the attention tail puts, the pins), with this epoch: it
+        # is emitted with a later meta, but its KV is this epoch's.
+        job = self.seal(d)
+        if job is not None:  # None: over the pin budget, the tail is not stored
+            self.finished_partial_tails[rid] = job
         return False
 
-    def _stamp(self, job: StoreJob) -> StoreJob:
-        """A finish-time job is emitted with a later meta, but its KV is this epoch's: a reset
-        in between must not publish it under the new epoch."""
-        job.epoch = self.epoch
-        return job
+    def finish_turn(self, request: Any, block_ids: tuple[list[int], ...]) -> StoreJob | None:
+        """EXTENSION, rule 3 (``request_finished_all_groups``, before the core frees the
+        request's blocks): the request's turn-end job, sealed now (None: nothing to flush)."""
+        return self.ext.finish_turn(request, block_ids,
+                                    self.request_trackers.get(request.request_id))
 
     def update_connector_output(self, worker_meta: Any, failed_recving: Iterable[str] = ()) -> None:
         """Release the pins of every store job all workers have finished (exactly once), and
@@ -732,8 +729,7 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
                 t, life, off = ent
                 if t.life == life and job > t.confirmed[0]:
                     t.confirmed = (job, off)
-            if self._job_keys:
-                self._release_inflight(job)
+            self.ext.job_released(job)  # EXTENSION: rule 7
             self.pool.free_blocks(self._held_blocks.pop(job)[::-1])
             self.metrics.pinned_blocks -= len(ids)
 
@@ -756,7 +752,7 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
             if used > 0:
                 return f"{used} GPU block(s) still in use"
         pending = (len(self.held) + len(self.finished_partial_tails)
-                   + len(self.finished_turn_ends))
+                   + self.ext.pending_jobs())
         if pending:
             return f"{pending} store job(s) still pending"
         return None

@@ -400,7 +400,7 @@ class WorkerSide:
     def add_request(self, job: StoreJob, event: Any = None) -> None:
         """Register a job as live for its request and queue it (``add_request``); when the
         queue is full the job is skipped and reported done at once (never blocks)."""
-        assert self.senders is not None and job.store_job_id is not None
+        assert self.senders is not None
         with self._lock:
             self.stored_requests.setdefault(job.req_id, set()).add(job.store_job_id)
             if event is not None:
@@ -420,7 +420,7 @@ class WorkerSide:
             if job is None:
                 break
             with self._lock:
-                err = self.job_errors.pop(job.store_job_id, None)  # type: ignore[arg-type]
+                err = self.job_errors.pop(job.store_job_id, None)
             done.append((job, err))
         return done
 
@@ -431,7 +431,7 @@ class WorkerSide:
             logger.exception("store job %d of %s failed", job.store_job_id, job.req_id)
             self.metrics.c.inc("job_errors")
             with self._lock:
-                self.job_errors[job.store_job_id] = type(exc).__name__  # type: ignore[index]
+                self.job_errors[job.store_job_id] = type(exc).__name__
         finally:
             self._report(job)
 
@@ -608,7 +608,7 @@ class WorkerSide:
 
                 return self.store.write_batch(keys, sizes, produce, staging=buf.numpy())
             with self._lock:
-                event = self._events.get(job.store_job_id)  # type: ignore[arg-type]
+                event = self._events.get(job.store_job_id)
             views, off = [], 0
             with torch.cuda.stream(self.copy_stream):
                 if event is not None:

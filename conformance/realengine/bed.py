@@ -674,8 +674,8 @@ def scheduler_leftovers(llm: Any) -> dict[str, int]:
         "request_trackers": len(side.request_trackers),
         "unfinished_requests": len(side.unfinished_requests),
         "remembered_lookups": len(memos),
-        "finished_tail_jobs": len(side.finished_partial_tails) + len(side.finished_turn_ends),
-        "snapshot_slots": len(side.snapshot_slots),
+        "finished_tail_jobs": len(side.finished_partial_tails) + side.ext.pending_jobs(),
+        "snapshot_slots": len(side.ext.snapshot_slots()),
     }
 
 

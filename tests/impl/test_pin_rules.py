@@ -4,7 +4,7 @@ DEVIATIONS): a normal save pins only what a rank can still read; store-job pins 
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import FrozenInstanceError, replace
 from types import SimpleNamespace
 
 import pytest
@@ -13,7 +13,7 @@ from stub_pool import Pool
 from tailproof.impl.config import ConfigError, Settings, StoreGeometry, parse_settings
 from tailproof.impl.keys import KeyEpoch
 from tailproof.impl.lookup import StoreLookup
-from tailproof.impl.meta import BoundaryPut, StoreJob, TailproofWorkerMeta
+from tailproof.impl.meta import BoundaryPut, SaveDraft, StoreJob, TailproofWorkerMeta
 from tailproof.impl.scheduler_side import RequestTracker, SchedulerSide
 
 FA_TABLE = list(range(1, 9))  # FA16 blocks of a 128-token prompt
@@ -31,14 +31,19 @@ def side(workers: int = 1, **settings: object) -> SchedulerSide:
     return s
 
 
-def save(start: int, end: int, rid: str = "A") -> StoreJob:
-    return StoreJob(req_id=rid, token_len_chunk=end, token_ids_start=start,
+def save(start: int, end: int, rid: str = "A") -> SaveDraft:
+    return SaveDraft(req_id=rid, token_len_chunk=end, token_ids_start=start,
                     block_ids=(list(FA_TABLE), list(MAMBA_TABLE)), block_hashes=[b"x"] * 32,
                     num_prompt_tokens=200)
 
 
+def sealed(s: SchedulerSide, draft: SaveDraft) -> StoreJob:
+    job = s.seal(draft)
+    assert job is not None
+    return job
+
+
 def pins(s: SchedulerSide, job: StoreJob) -> list[int]:
-    assert s._pin(job)
     return s.held[job.store_job_id][0]
 
 
@@ -49,21 +54,21 @@ def report(s: SchedulerSide, job: StoreJob, offset: int, ranks: int = 1) -> None
 
 def test_vllm_rule_pins_the_whole_table() -> None:
     s = side(readable_pins=False)
-    j0 = save(0, 16)
+    j0 = sealed(s, save(0, 16))
     assert pins(s, j0) == FA_TABLE and j0.pin_floor == 0
     report(s, j0, 16)
-    assert pins(s, save(16, 32)) == FA_TABLE
+    assert pins(s, sealed(s, save(16, 32))) == FA_TABLE
 
 
 def test_readable_pins_follow_the_reported_offset() -> None:
     s = side()
-    j0 = save(0, 16)
+    j0 = sealed(s, save(0, 16))
     assert pins(s, j0) == [1]
-    j1 = save(16, 32)  # built before j0 was reported: from 0
+    j1 = sealed(s, save(16, 32))  # built before j0 was reported: from 0
     assert pins(s, j1) == [1, 2] and j1.pin_floor == 0
     report(s, j0, 16)
     report(s, j1, 32)
-    j2 = save(32, 48)
+    j2 = sealed(s, save(32, 48))
     assert pins(s, j2) == [3] and j2.pin_floor == 32
 
 
@@ -71,52 +76,66 @@ def test_a_block_both_a_tail_put_and_in_the_table_is_pinned_once() -> None:
     """An aligned prompt (48 = 3 FA blocks, ck = 44): the tail's attention block 3 is also in
     the save's slice; the Mamba state block is in no attention table (no dedup needed)."""
     s = side()
-    j = StoreJob(req_id="A", token_len_chunk=48, token_ids_start=0,
-                 block_ids=(list(FA_TABLE), list(MAMBA_TABLE)), block_hashes=[b"x"] * 32,
-                 num_prompt_tokens=48, completed_token_len=48, publish_partial_tail=True,
-                 boundary_puts=[BoundaryPut(1, 22, 44)])
+    j = sealed(s, SaveDraft(req_id="A", token_len_chunk=48, token_ids_start=0,
+                            block_ids=(list(FA_TABLE), list(MAMBA_TABLE)),
+                            block_hashes=[b"x"] * 32, num_prompt_tokens=48,
+                            completed_token_len=48, publish_partial_tail=True,
+                            boundary_puts=[BoundaryPut(1, 22, 44)]))
     assert pins(s, j) == [3, 22, 1, 2]  # tail put, hand-off, then the table: each once
     assert [s.pool.blocks[b].ref_cnt for b in (1, 2, 3, 22)] == [1, 1, 1, 1]
-    j1 = save(48, 64)  # a plain save: its hand-off and its slice, no tail
-    j1.boundary_puts = [BoundaryPut(1, 23, 64)]
-    assert pins(s, j1) == [23, 1, 2, 3, 4]
+    d1 = save(48, 64)  # a plain save: its hand-off and its slice, no tail
+    d1.boundary_puts = [BoundaryPut(1, 23, 64)]
+    assert pins(s, sealed(s, d1)) == [23, 1, 2, 3, 4]
+
+
+def test_a_sealed_job_is_frozen_with_its_id_and_epoch() -> None:
+    """The seal is the one place a job gets its puts, pins, id and epoch; the draft is left
+    as it was and the job cannot be changed after."""
+    s = side()
+    s.move_epoch("e7")
+    d = SaveDraft(req_id="A", token_len_chunk=48, block_ids=(list(FA_TABLE), list(MAMBA_TABLE)),
+                  block_hashes=[b"x"] * 32, num_prompt_tokens=48, completed_token_len=48,
+                  publish_partial_tail=True, boundary_puts=[BoundaryPut(1, 22, 44)])
+    j = sealed(s, d)
+    assert (j.store_job_id, j.epoch) == (0, "e7") and s.next_store_job_id == 1
+    assert j.boundary_puts == (BoundaryPut(0, 3, 44), BoundaryPut(1, 22, 44))
+    assert d.boundary_puts == [BoundaryPut(1, 22, 44)]  # the tail put went to the job only
+    field = "epoch"
+    with pytest.raises(FrozenInstanceError):
+        setattr(j, field, "e8")
 
 
 def test_a_failed_put_widens_the_next_pins() -> None:
     s = side()
-    j0 = save(0, 16)
-    pins(s, j0)
+    j0 = sealed(s, save(0, 16))
     report(s, j0, 0)  # the rank's put failed: its offset stayed 0
-    j1 = save(16, 32)
+    j1 = sealed(s, save(16, 32))
     assert pins(s, j1) == [1, 2] and j1.pin_floor == 0
 
 
 def test_the_lowest_rank_counts_and_a_partial_report_confirms_nothing() -> None:
     s = side(workers=2)
-    j0 = save(0, 16)
-    pins(s, j0)
+    j0 = sealed(s, save(0, 16))
     report(s, j0, 16)  # rank 0 only
-    assert pins(s, save(16, 32)) == [1, 2]
+    assert pins(s, sealed(s, save(16, 32))) == [1, 2]
     s.update_connector_output(TailproofWorkerMeta(completed_saves={j0.store_job_id: 1},
                                                   saved_offsets={j0.store_job_id: 0}))
-    assert pins(s, save(32, 48)) == [1, 2, 3]  # rank 1 lags at 0
+    assert pins(s, sealed(s, save(32, 48))) == [1, 2, 3]  # rank 1 lags at 0
 
 
 def test_a_report_without_offsets_confirms_nothing() -> None:
     s = side()
-    j0 = save(0, 16)
-    pins(s, j0)
+    j0 = sealed(s, save(0, 16))
     s.update_connector_output(TailproofWorkerMeta(completed_saves={j0.store_job_id: 1}))
-    assert pins(s, save(16, 32)) == [1, 2]
+    assert pins(s, sealed(s, save(16, 32))) == [1, 2]
 
 
 def test_a_job_of_an_earlier_life_confirms_nothing() -> None:
     s = side()
-    j0 = save(0, 16)
-    pins(s, j0)
+    j0 = sealed(s, save(0, 16))
     s.request_trackers["A"].reset()  # preempted: the ranks drop their offsets
     report(s, j0, 16)
-    j1 = save(0, 16)
+    j1 = sealed(s, save(0, 16))
     assert pins(s, j1) == [1] and j1.pin_floor == 0
     assert s.request_trackers["A"].confirmed == (-1, 0)
 
@@ -135,22 +154,22 @@ def new_step(s: SchedulerSide) -> None:
 def test_pin_budget_skips_a_job_and_counts_it() -> None:
     s = side(pin_budget_fraction=0.1)  # int(0.1 * 63) = 6 blocks
     assert s._pin_budget == 6
-    big = save(0, 96)  # FA blocks 1-6
+    big = sealed(s, save(0, 96))  # FA blocks 1-6
     assert pins(s, big) == FA_TABLE[:6]
     new_step(s)  # big's senders lag: its 6 pins are the backlog
-    over = save(96, 112, rid="B")
-    assert not s._pin(over) and over.store_job_id is None
-    assert s.metrics.c.total("jobs_skipped_pin_budget") == 1
     before = s.next_store_job_id
+    assert s.seal(save(96, 112, rid="B")) is None
+    assert s.metrics.c.total("jobs_skipped_pin_budget") == 1
+    assert s.next_store_job_id == before  # no id was taken by the skip
     report(s, big, 96)
     new_step(s)
-    ok = save(96, 112)
-    assert pins(s, ok) == [7] and ok.store_job_id == before  # no id was taken by the skip
+    ok = sealed(s, save(96, 112))
+    assert pins(s, ok) == [7] and ok.store_job_id == before
 
 
 def test_pin_budget_skips_a_finish_time_tail() -> None:
     s = side(pin_budget_fraction=0.02)  # 1 block
-    held = save(0, 16, rid="B")
+    held = sealed(s, save(0, 16, rid="B"))
     assert pins(s, held) == FA_TABLE  # no tracker: the whole table; no backlog: taken
     new_step(s)
     s.request_trackers["A"].prefill_end_tokens = 40
@@ -163,18 +182,21 @@ def test_pin_budget_skips_a_finish_time_tail() -> None:
     assert list(s.held) == [held.store_job_id]
     report(s, held, 16)
     new_step(s)
+    s.move_epoch("e1")
     s.register_finished_partial_tail(req, tables, [(1, 30, 40)])
     assert "A" in s.finished_partial_tails  # no backlog: taken
+    s.move_epoch("e2")  # a reset before the next meta: the job keeps its finish-time epoch
+    assert s.finished_partial_tails["A"].epoch == "e1"
 
 
 def test_a_steps_own_jobs_are_not_skipped() -> None:
     s = side(pin_budget_fraction=0.02)  # 1 block
-    j = save(0, 16)
-    j.boundary_puts = [BoundaryPut(1, 20, 16)]
-    assert pins(s, j) == [20, 1]
-    assert pins(s, save(16, 32)) == [1, 2]  # same step: no backlog from earlier steps
+    d = save(0, 16)
+    d.boundary_puts = [BoundaryPut(1, 20, 16)]
+    assert pins(s, sealed(s, d)) == [20, 1]
+    assert pins(s, sealed(s, save(16, 32))) == [1, 2]  # same step: no backlog from earlier
     new_step(s)
-    assert not s._pin(save(32, 48)) and s.metrics.c.total("jobs_skipped_pin_budget") == 1
+    assert s.seal(save(32, 48)) is None and s.metrics.c.total("jobs_skipped_pin_budget") == 1
 
 
 @pytest.mark.parametrize("bad", [0, 1.5, -0.1, True, "half"])

@@ -8,7 +8,7 @@ import pytest
 from stub_pool import Pool
 
 from tailproof.impl.config import Settings, StoreGeometry
-from tailproof.impl.meta import BoundaryPut, StoreJob, TailproofWorkerMeta
+from tailproof.impl.meta import BoundaryPut, SaveDraft, TailproofWorkerMeta
 from tailproof.impl.scheduler_side import SchedulerSide
 
 
@@ -33,9 +33,9 @@ def test_attention_tail_puts_match_vllm(fa_bs: int, eagle: bool, prompt: int,
     Mamba 16, checkpoint 44; block ids are table index + 1."""
     s = side(fa_bs, eagle)
     table = list(range(1, 64 // fa_bs + 1))
-    save = StoreJob(req_id="r", token_len_chunk=0, block_ids=(table, [0, 0, 30]),
-                    block_hashes=[b"x"] * 16, boundary_puts=[BoundaryPut(1, 30, 44)],
-                    completed_token_len=49, num_prompt_tokens=prompt)
+    save = SaveDraft(req_id="r", token_len_chunk=0, block_ids=(table, [0, 0, 30]),
+                     block_hashes=[b"x"] * 16, boundary_puts=[BoundaryPut(1, 30, 44)],
+                     completed_token_len=49, num_prompt_tokens=prompt)
     got = s.partial_tail_puts(save)
     assert [(p.block_id, p.num_tokens) for p in got if p.group_id == 0] == want
 
@@ -43,9 +43,9 @@ def test_attention_tail_puts_match_vllm(fa_bs: int, eagle: bool, prompt: int,
 def test_tail_puts_skip_null_and_unfinished_proof() -> None:
     s = side(4, True)
     table = [1, 2, 3, 4, 5, 6, 7, 8, 0, 10, 11, 12]
-    save = StoreJob(req_id="r", token_len_chunk=0, block_ids=(table, [0, 0, 30]),
-                    block_hashes=[b"x"] * 16, boundary_puts=[BoundaryPut(1, 30, 44)],
-                    completed_token_len=47, num_prompt_tokens=49)
+    save = SaveDraft(req_id="r", token_len_chunk=0, block_ids=(table, [0, 0, 30]),
+                     block_hashes=[b"x"] * 16, boundary_puts=[BoundaryPut(1, 30, 44)],
+                     completed_token_len=47, num_prompt_tokens=49)
     assert s.partial_tail_puts(save) == []  # proof end 48 not computed yet
     save.completed_token_len = 49
     assert [p.block_id for p in s.partial_tail_puts(save)] == [10, 11, 12]  # null block 9 skipped

@@ -301,7 +301,7 @@ class ImplConnector(ConnectorAdapter):
         if self.junctions and split is not None:
             # EXTENSION (docs/junctions.md, "The hook"): what the vLLM plugin does once the
             # Scheduler is built -- impl's own hook sets the split's exact junction stop and
-            # SchedulerSide.exact_junction_stops (or refuses, without partial hits).
+            # the extension's exact junction stops (or refuses, without partial hits).
             TailproofConnector.on_scheduler_built(
                 SimpleNamespace(scheduler_side=self.sched, settings=self.settings), split)
         shapes = [GroupShape("mamba" if g.is_mamba else g.kind, g.block_size) for g in groups]
@@ -439,7 +439,6 @@ class ImplConnector(ConnectorAdapter):
         if self.sched.next_store_job_id == before:
             return None
         s = self.sched.finished_partial_tails[req.request_id]
-        assert s.store_job_id is not None
         self._snapshot(s.store_job_id, req)
         return self.job_obs(s)
 
@@ -451,15 +450,14 @@ class ImplConnector(ConnectorAdapter):
         job = self.sched.finish_turn(req, block_ids)
         if job is None:
             return None
-        assert job.store_job_id is not None
         self._snapshot(job.store_job_id, req)
         return self.job_obs(job)
 
     def slots(self) -> dict[str, tuple[list[int], int]]:
-        return dict(self.sched.snapshot_slots)
+        return self.sched.ext.snapshot_slots()
 
     def junction_targets(self) -> dict[str, int]:
-        return dict(self.sched.junction_targets)
+        return self.sched.ext.junction_stops()
 
     def request_trackers(self) -> dict[str, Any]:
         return self.sched.request_trackers
