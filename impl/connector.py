@@ -271,11 +271,11 @@ class TailproofConnector(KVConnectorBase_V1, SupportsHMA):
                          "no junction stops")
             return
         scheduler.mamba_shared_prefix_checkpoint = True
-        side.exact_junction_stops = True
         kvm = getattr(scheduler, "kv_cache_manager", None)
         if self.settings.device_junctions:
             junctions.key_device_junctions(kvm)  # a module attribute: the jn-* mutants
-        side.vllm_keys_junctions = bool(getattr(kvm, "mamba_shared_prefix_checkpoint", True))
+        side.ext.junction_hook_ran(  # exact stops; whether vLLM keys its own junction states
+            vllm_keys_junctions=bool(getattr(kvm, "mamba_shared_prefix_checkpoint", True)))
         logger.info("TailproofConnector: exact junction stops on (%s)", HOOK_VERSION)
 
     def may_load_async(self, request: Any) -> bool:

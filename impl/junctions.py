@@ -8,23 +8,25 @@ hash of block k names the whole prefix ``(k + 1) * h``, so one set probe per blo
 prompt's end down, finds the longest shared prefix.
 
 :class:`JunctionCheckpoints` (EXTENSION, not vLLM 0.33; ``docs/junctions.md``, "The extension")
-is the junction part of ``tailproof.impl.scheduler_side.SchedulerSide`` (a mixin), restated
-independently of ``tailproof.reference.connector.junctions`` (the corpus compares the two):
-``_set_junction`` at the connector lookup (``get_num_new_matched_tokens``), ``_junction_jobs``
-per step after the turn-end snapshot pass; the pending stop is dropped at preemption and
-everything at finish (``build_connector_meta``).
+is the junction part of the reuse extension, a collaborator of
+``tailproof.impl.extension.ReuseExtension``, restated independently of
+``tailproof.reference.connector.junctions`` (the corpus compares the two):
+:meth:`~JunctionCheckpoints.at_lookup` at the connector lookup (``get_num_new_matched_tokens``),
+:meth:`~JunctionCheckpoints.jobs` per step after the turn-end snapshot pass; the pending stop
+is dropped at preemption and everything at finish (:meth:`~JunctionCheckpoints.forget`).
 """
 
 from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tailproof.impl.config import Settings, StoreGeometry
 from tailproof.impl.meta import Snapshot, TailproofMeta
 from tailproof.impl.metrics import SchedulerMetrics
+from tailproof.impl.turn_end import TurnEndCheckpoints, snapshot_sources
 from tailproof.spec.arithmetic import checkpoint_position
 
 logger = logging.getLogger(__name__)
@@ -85,72 +87,71 @@ def key_device_junctions(kvm: Any) -> bool:
 
 
 class JunctionCheckpoints:
-    """The junction part of ``SchedulerSide`` (a mixin: its state lives on the scheduler side,
-    which supplies the attributes annotated here; ``_snapshot_sources`` and
-    ``_checkpoint_job`` come from ``turn_end.TurnEndCheckpoints``)."""
+    """The junction part of the reuse extension (a collaborator of
+    ``extension.ReuseExtension``; no index for a consumer, which stores nothing)."""
 
-    settings: Settings
-    geo: StoreGeometry
-    pool: Any
-    metrics: SchedulerMetrics
-    unfinished_requests: dict[str, tuple[Any, tuple[list[int], ...]]]
-    _mamba_groups: tuple[int, ...]
-    _step_end: dict[str, int]
-
-    def _init_junctions(self, settings: Settings) -> None:
-        """The junction state (no index for a consumer, or with the part off)."""
-        # Junction checkpoints (docs/junctions.md): admitted prompts' hashes, each request's
-        # junction (computed once, at its first admission), and the ones whose stop is pending.
-        # A consumer stores nothing, so it never stops a chunk at a junction either.
-        self.junction_index = (JunctionIndex(settings.junction_index_blocks)
-                               if settings.junction_checkpoints and not settings.is_consumer
-                               else None)
-        self.junction_seen: dict[str, int] = {}
-        self.junction_targets: dict[str, int] = {}
-        self.exact_junction_stops = False  # set by TailproofConnector.on_scheduler_built
+    def __init__(self, settings: Settings, geo: StoreGeometry, metrics: SchedulerMetrics,
+                 turn_end: TurnEndCheckpoints) -> None:
+        self.settings = settings
+        self.geo = geo
+        self.metrics = metrics
+        # The snapshot sources and the sealed checkpoint jobs are the turn-end part's.
+        self.turn_end = turn_end
+        self.mamba_groups = turn_end.mamba_groups
+        # Admitted prompts' hashes, each request's junction (computed once, at its first
+        # admission), and the ones whose stop is pending.
+        self.index = JunctionIndex(settings.junction_index_blocks)
+        self.seen: dict[str, int] = {}
+        self.targets: dict[str, int] = {}
+        self.exact_stops = False  # set by TailproofConnector.on_scheduler_built (the hook)
         self._warned_no_hook = False
-        self._junction_reasons_logged: set[str] = set()
+        self._reasons_logged: set[str] = set()
         # Whether vLLM keys the Mamba state at its own junction (KVCacheManager's
         # ``mamba_shared_prefix_checkpoint``: only with an EAGLE group); set by the hook.
         self.vllm_keys_junctions = True
 
-    def _set_junction(self, request: Any, hit: int) -> None:
+    def forget(self, rid: str, *, finished: bool) -> None:
+        """A finished request is forgotten; a preempted one keeps its junction (computed at
+        its first admission) but its pending stop goes (its re-admission sets it again)."""
+        if finished:
+            self.seen.pop(rid, None)
+        self.targets.pop(rid, None)
+
+    def at_lookup(self, request: Any, hit: int) -> None:
         """Junction rule 1 (docs/junctions.md): the longest prefix (h-floored, below the
         prompt's own checkpoint) this prompt shares with an earlier admitted one; when it is
         past every hit and off the Mamba grid, the request's chunk stops there
         (``Request.shared_prefix_boundary``, read by ``Scheduler._mamba_block_aligned_split``
         in this same step; exact through the scheduler hook) and a junction job stores it."""
         rid = request.request_id
-        self.junction_targets.pop(rid, None)  # an earlier ask of a request not then scheduled
+        self.targets.pop(rid, None)  # an earlier ask of a request not then scheduled
         geo = self.geo
         h = geo.hash_block_size
         p = request.num_prompt_tokens
-        j = self.junction_seen.get(rid)
+        j = self.seen.get(rid)
         if j is None:  # first admission: compare with earlier prompts, then index this one
-            assert self.junction_index is not None
-            j = self.junction_index.known_prefix_blocks(request.block_hashes, (p - 1) // h) * h
-            self.junction_index.add(request.block_hashes, p // h)
-            self.junction_seen[rid] = j
+            j = self.index.known_prefix_blocks(request.block_hashes, (p - 1) // h) * h
+            self.index.add(request.block_hashes, p // h)
+            self.seen[rid] = j
         ck = checkpoint_position(p, h, geo.use_eagle)
         if j <= 0:
             return  # nothing shared with an earlier prompt
         spb = request.shared_prefix_boundary
         if j <= hit:
-            return self._junction_skipped("served", "the store or local cache already serves it")
+            return self.skipped("served", "the store or local cache already serves it")
         if j >= ck:
-            return self._junction_skipped("prompt_tail", "it is the prompt's own checkpoint")
+            return self.skipped("prompt_tail", "it is the prompt's own checkpoint")
         if j < spb:
-            return self._junction_skipped("vllm_junction_later",
-                                          "vLLM's own junction stops the chunk later")
+            return self.skipped("vllm_junction_later",
+                                "vLLM's own junction stops the chunk later")
         if j == spb and self.vllm_keys_junctions:
-            return self._junction_skipped("vllm_junction",
-                                          "vLLM marks and stores this junction itself")
+            return self.skipped("vllm_junction", "vLLM marks and stores this junction itself")
         # j == spb without an EAGLE group: vLLM marks this junction itself (its split stops the
         # chunk there, exactly through the hook) but MambaManager keys no state at it, so it
         # is taken like any other (docs/junctions.md, extension rule 2).
-        if all(j % geo.block_sizes[g] == 0 for g in self._mamba_groups):
-            return self._junction_skipped("aligned", "vLLM hands off an aligned state there")
-        if not self.exact_junction_stops:
+        if all(j % geo.block_sizes[g] == 0 for g in self.mamba_groups):
+            return self.skipped("aligned", "vLLM hands off an aligned state there")
+        if not self.exact_stops:
             if not self._warned_no_hook:
                 logger.warning("junction_checkpoints is on but vLLM's scheduler hook did not "
                                "run (docs/junctions.md, 'The hook'): no junction stops")
@@ -170,51 +171,54 @@ class JunctionCheckpoints:
             # stores no attention KV up to j: the junction job below still does.
             self.metrics.c.inc("junctions_set_device_keyed")
             return
-        self.junction_targets[rid] = j
+        self.targets[rid] = j
 
-    def _junction_skipped(self, reason: str, why: str) -> None:
+    def skipped(self, reason: str, why: str) -> None:
         """Count a junction the extension resolved on but did not act on, and say why once
         per reason (``junctions_skipped_<reason>``; docs/junctions.md)."""
         self.metrics.c.inc(f"junctions_skipped_{reason}")
-        if reason not in self._junction_reasons_logged:
-            self._junction_reasons_logged.add(reason)
+        if reason not in self._reasons_logged:
+            self._reasons_logged.add(reason)
             logger.info("TailproofConnector: a junction was not stored: %s "
                         "(counted as junctions_skipped_%s; logged once)", why, reason)
 
-    def _junction_jobs(self, state: Any, meta: TailproofMeta) -> None:
+    def jobs(self, ends: Mapping[str, int], state: Any, meta: TailproofMeta,
+             requests: Mapping[str, Any]) -> None:
         """Junction rule 2: a step whose chunk ended at the request's junction copies the running
         state into fresh blocks (``meta.snapshots``, applied after the forward) and a store job
         of this same step puts them under the junction's key with the attention KV from the lcm
         floor; the job's pins are the blocks' only holders (the connector's reference is
         dropped at once)."""
         geo = self.geo
-        for rid, n in self._step_end.items():
-            target = self.junction_targets.get(rid)
+        pool = self.turn_end.pool
+        for rid, n in ends.items():
+            target = self.targets.get(rid)
             if target is None or n < target:
                 continue  # no stop pending, or the chunk ended before it (a later one stops)
-            del self.junction_targets[rid]
+            del self.targets[rid]
             if n > target:  # the chunk ran past it: vLLM moved the request's junction
-                self._junction_skipped("stop_missed", "the chunk did not stop at it (vLLM "
-                                       "re-assigned Request.shared_prefix_boundary)")
+                self.skipped("stop_missed", "the chunk did not stop at it (vLLM re-assigned "
+                             "Request.shared_prefix_boundary)")
                 continue
-            req = self.unfinished_requests[rid][0]
+            req = requests[rid][0]
             table = state.get_block_ids(rid)
-            srcs = self._snapshot_sources(table, n)
-            k = len(self._mamba_groups)
+            srcs = snapshot_sources(geo, self.mamba_groups, table, n)
+            k = len(self.mamba_groups)
             if srcs is None:
-                self._junction_skipped("no_source", "the request's running Mamba state block "
-                                       "is missing or the null block")
+                self.skipped("no_source", "the request's running Mamba state block is missing "
+                             "or the null block")
                 continue
-            if self.pool.get_num_free_blocks() - k < self.settings.checkpoint_reserve_blocks:
-                self._junction_skipped("reserve", "taking a block would leave fewer than "
-                                       "checkpoint_reserve_blocks free")
+            if pool.get_num_free_blocks() - k < self.settings.checkpoint_reserve_blocks:
+                self.skipped("reserve", "taking a block would leave fewer than "
+                             "checkpoint_reserve_blocks free")
                 continue
-            slots = [b.block_id for b in self.pool.get_new_blocks(k)]
+            slots = [b.block_id for b in pool.get_new_blocks(k)]
             meta.snapshots += [Snapshot(rid, g, src, slot, n) for g, src, slot in
-                               zip(self._mamba_groups, srcs, slots, strict=True)]
+                               zip(self.mamba_groups, srcs, slots, strict=True)]
             ids = tuple([list(table[g]) for g in geo.core_group_ids])
             lcm = geo.scheduler_block_size
-            job = self._checkpoint_job(req, slots, n, ids, n // lcm * lcm, n, "junction_jobs")
-            blocks = self.pool.blocks
-            self.pool.free_blocks([blocks[b] for b in slots])
+            job = self.turn_end.checkpoint_job(req, slots, n, ids, n // lcm * lcm, n,
+                                               "junction_jobs")
+            blocks = pool.blocks
+            pool.free_blocks([blocks[b] for b in slots])
             meta.stores.append(job)

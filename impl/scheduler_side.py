@@ -1,6 +1,6 @@
 """Scheduler role: lookups, load specs, store jobs, pins.
 One module (over 600 lines) because it mirrors one vLLM class, ``MooncakeStoreScheduler``,
-method for method; the reuse extension lives in ``turn_end`` and ``junctions``.
+method for method; the reuse extension is a collaborator (``extension``).
 
 Semantics: ``tailproof.reference.connector.scheduler`` (and ``.meta``, ``.tail``). Mirrors vLLM
 0.33's ``MooncakeStoreScheduler`` (``get_num_new_matched_tokens``, ``update_state_after_alloc``,
@@ -35,11 +35,11 @@ a shared body would compare a function with itself. Pure arithmetic is shared in
   the job; so requests never delay their own free (``request_finished_all_groups`` answers
   ``(False, None)``). A finish-time job is sealed at finish, with that moment's epoch;
 * reuse extension (``docs/reuse.md``, ``docs/junctions.md``; off by default, not vLLM 0.33):
-  the turn-end checkpoints, decode-time block boundaries and lookup wait live in
-  ``turn_end.TurnEndCheckpoints``, the junction checkpoints in ``junctions.JunctionCheckpoints``
-  (mixins of :class:`SchedulerSide`, as ``reference.connector.turn_end`` / ``.junctions`` are
-  collaborators of the reference scheduler); the calls into them here are marked
-  ``EXTENSION`` and change nothing while the settings leave them off.
+  a collaborator, ``extension.ReuseExtension`` (turn-end checkpoints, decode-time block
+  boundaries, lookup wait, junction checkpoints), called at named points marked ``EXTENSION``
+  and sharing no state with this class, as ``reference.connector.turn_end`` / ``.junctions``
+  are collaborators of the reference scheduler. With the settings leaving it off the
+  collaborator is ``extension.NoExtension``, whose every point does nothing.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tailproof.impl.config import Settings, StoreGeometry
-from tailproof.impl.junctions import JunctionCheckpoints
+from tailproof.impl.extension import make_extension
 from tailproof.impl.keys import KeyEpoch
 from tailproof.impl.lookup import StoreLookup
 from tailproof.impl.meta import (
@@ -63,7 +63,6 @@ from tailproof.impl.meta import (
     TailproofWorkerMeta,
 )
 from tailproof.impl.metrics import SchedulerMetrics
-from tailproof.impl.turn_end import TurnEndCheckpoints
 from tailproof.impl.vllm_release import decode_checkpoints, preempted_tracker_dropped, resumed_ids
 from tailproof.spec.arithmetic import NULL_BLOCK_ID, checkpoint_position, partial_tail_puts
 
@@ -110,9 +109,9 @@ class RequestTracker:
         self.life += 1
 
 
-class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
-    """The connector's scheduler role (one per engine); the reuse extension's parts are its
-    mixins (module docstring)."""
+class SchedulerSide:
+    """The connector's scheduler role (one per engine); the reuse extension is its collaborator
+    :attr:`ext` (module docstring)."""
 
     def __init__(
         self, settings: Settings, geo: StoreGeometry, lookup: StoreLookup | None,
@@ -161,14 +160,14 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
         # ``save_decode_cache`` stores decode-time Mamba checkpoints (0.34, vllm#56972 fixed).
         self._drop_preempted = preempted_tracker_dropped()
         self._decode_checkpoints = settings.save_decode_cache and decode_checkpoints()
-        self._reuse_configured = settings.reuse_extension
-        self._init_turn_end(settings, geo)  # EXTENSION (turn_end.py)
-        self._init_junctions(settings)  # EXTENSION (junctions.py)
+        # EXTENSION (extension.py): NoExtension unless the settings turn a part of it on.
+        self.ext = make_extension(settings, geo, self.metrics, self.seal)
 
     # ------------------------------------------------------------------ lookup / alloc
 
     def bind_gpu_block_pool(self, pool: Any) -> None:
         self.pool = pool
+        self.ext.bind_pool(pool)  # EXTENSION: its snapshot blocks come from the same pool
         frac = self.settings.pin_budget_fraction
         if frac is not None:
             self._pin_budget = max(1, int(frac * (len(pool.blocks) - 1)))  # not the null block
@@ -178,8 +177,8 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
         """External tokens beyond the (block-aligned) local hit, and whether the load is async;
         with ``junction_checkpoints``, also its store-side junction (docs/junctions.md)."""
         need, is_async = self._matched(request, num_computed)
-        if need is not None and self.junction_index is not None and not self.reuse_disabled:
-            self._set_junction(request, num_computed + need)
+        if need is not None:
+            self.ext.after_lookup(request, num_computed + need)  # EXTENSION: junction rule 1
         return need, is_async
 
     def may_load_async(self, request: Any) -> bool:
@@ -228,7 +227,7 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
                              request.request_id)
             self.metrics.lookup_errors += 1
             return 0, False
-        if self._inflight and self._awaits_inflight(request, max(res.hit_length, num_computed)):
+        if self.ext.lookup_waits(request, res.hit_length, num_computed):  # EXTENSION: rule 7
             self.metrics.c.inc("lookups_deferred")
             return None, False  # vLLM asks again next step (``Scheduler.schedule``: skipped)
         hit = res.hit_length
@@ -276,9 +275,7 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
         for rid in sorted(so.finished_req_ids):
             if memo is not None:
                 memo.forget(rid)  # finished or aborted while waiting
-            self.release_snapshot(rid)  # finish_turn normally did; a no-op then
-            self.junction_seen.pop(rid, None)
-            self.junction_targets.pop(rid, None)
+            self.ext.forget(rid)  # EXTENSION
             self.load_failed.discard(rid)
             self.remembered_loads.discard(rid)
             self.load_specs.pop(rid, None)
@@ -286,7 +283,7 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
             self.unfinished_requests.pop(rid, None)
         preempted = set(so.preempted_req_ids or ())
         for rid in sorted(preempted):  # sorted: slots return to the pool in a fixed order
-            self.release_snapshot(rid)  # rule 4: its state is recomputed
+            self.ext.preempted(rid, rid in self.admitted)  # EXTENSION: rule 4
             if self._drop_preempted:
                 self.request_trackers.pop(rid, None)
             elif (t := self.request_trackers.get(rid)) is not None:
@@ -296,17 +293,12 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
                 # docstring, "re-admission"): the admission's load spec and entry stand.
                 self.metrics.c.inc("readmitted_after_preemption")
                 continue
-            self.junction_targets.pop(rid, None)  # re-admission sets it again
             self.load_specs.pop(rid, None)
             self.unfinished_requests.pop(rid, None)
         self.admitted.clear()
         meta = TailproofMeta(preempted_req_ids=preempted,
                              finished_req_ids=set(so.finished_req_ids))
-        extension = self._reuse_configured and not consumer and not self.reuse_disabled
-        if extension:
-            self._check_step_supported(so)
-            extension = not self.reuse_disabled
-            self._step_end = self._step_ends(so) if extension else {}
+        self.ext.begin_step(so, self.unfinished_requests)  # EXTENSION: the step's ends
         pending: list[SaveDraft] = []
         for nr in so.scheduled_new_reqs:
             self._new_request(nr, so, pending, not consumer, meta)
@@ -355,15 +347,8 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
         if self.finished_partial_tails:
             stores.extend(self.finished_partial_tails.values())
             self.finished_partial_tails.clear()
-        if self.finished_turn_ends:
-            stores.extend(self.finished_turn_ends.values())
-            self.finished_turn_ends.clear()
-        if extension and self.settings.turn_end_checkpoints and state is not None:
-            self._take_snapshots(so, state, meta)
-        if extension and self.junction_targets and state is not None:
-            self._junction_jobs(state, meta)
-        if self._step_end:
-            self._step_end = {}
+        # EXTENSION: rule 3's jobs sealed at finish, then rules 1 and 3b, junction rule 2
+        self.ext.end_step(state, meta, self.unfinished_requests, self.request_trackers)
         return meta
 
     def _async_loads(self, scheduled: set[str], meta: TailproofMeta) -> None:
@@ -494,7 +479,7 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
             accepted = self._accept(entries, end)
             if not accepted:
                 continue
-            rule5 = self.settings.decode_boundary_saves and not self.reuse_disabled
+            rule5 = self.ext.decode_saves  # EXTENSION: rule 5
             decode = sorted({p.num_tokens for p in accepted if p.num_tokens > end}) if rule5 \
                 else []
             if (s := by_req.get(rid)) is not None:
@@ -502,7 +487,7 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
                 s.decode_boundaries = decode
                 continue
             req = ent[0]
-            completed = self._step_end.get(rid, t.token_len) if decode else t.token_len
+            completed = self.ext.step_end(rid, t.token_len) if decode else t.token_len
             s = SaveDraft(req_id=rid, token_len_chunk=0, block_ids=t.allocated_block_ids,
                          block_hashes=req.block_hashes, boundary_puts=accepted,
                          completed_token_len=completed,
@@ -517,8 +502,7 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
         -- or past it too with ``decode_boundary_saves`` (rule 5; vLLM 0.33 drops those) or
         0.34's decode checkpoints (``save_decode_cache``), the only ones a consumer stores."""
         out: list[BoundaryPut] = []
-        decode_ok = self.settings.decode_boundary_saves and not self.reuse_disabled
-        decode_ok = decode_ok or self._decode_checkpoints
+        decode_ok = self.ext.decode_saves or self._decode_checkpoints  # EXTENSION: rule 5
         mamba_index = self._mamba_index
         consumer = self._consumer
         for core_group, block_id, boundary in entries:
@@ -541,7 +525,8 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
         mamba, sizes = geo.is_mamba, geo.block_sizes
         mamba_tails = [p.num_tokens for p in s.boundary_puts
                        if mamba[p.group_id] and p.num_tokens % sizes[p.group_id]]
-        if not s.publish_partial_tail and self._checkpoint(s.num_prompt_tokens) not in mamba_tails:
+        if not s.publish_partial_tail and (
+                not mamba_tails or self._checkpoint(s.num_prompt_tokens) not in mamba_tails):
             return []  # the spec's own early exit, with ck(P) remembered: a junction hand-off
         puts = partial_tail_puts(
             num_prompt_tokens=s.num_prompt_tokens, completed_token_len=s.completed_token_len,
@@ -571,8 +556,9 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
         dropped. ``budgeted=False``: a checkpoint job of the reuse extension, which the budget
         never skips (as in the reference, ``_pin_extension_job``)."""
         puts = d.boundary_puts
-        if d.decode_boundaries:
-            puts = [*self._decode_boundary_puts(d), *puts]
+        if d.decode_boundaries:  # EXTENSION: rule 5
+            puts = [*self.ext.decode_boundary_puts(d, self.request_trackers.get(d.req_id)),
+                    *puts]
         if tail := self.partial_tail_puts(d):
             puts = [*tail, *puts]
         ids = [p.block_id for p in puts]
@@ -596,17 +582,16 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
         job_id = self._pins_within_budget(ids) if budgeted else self._take_pins(ids)
         if job_id is None:
             return None
-        job = StoreJob(
-            store_job_id=job_id, req_id=d.req_id, token_len_chunk=d.token_len_chunk,
-            block_ids=d.block_ids, block_hashes=d.block_hashes, boundary_puts=tuple(puts),
-            token_ids_start=d.token_ids_start, publish_partial_tail=d.publish_partial_tail,
-            completed_token_len=d.completed_token_len, num_prompt_tokens=d.num_prompt_tokens,
-            prefill_end_tokens=d.prefill_end_tokens, epoch=self.key_epoch.value,
-            pin_floor=floor)
-        if t is not None and job_id in self.held:
+        # Positional, in StoreJob's field order (half the cost of keywords on this hot path;
+        # test_pin_rules checks every field).
+        job = StoreJob(job_id, d.req_id, d.token_len_chunk, d.block_ids, d.block_hashes,
+                       tuple(puts), d.token_ids_start, d.publish_partial_tail,
+                       d.completed_token_len, d.num_prompt_tokens, d.prefill_end_tokens,
+                       self.key_epoch.value, floor)
+        pinned = job_id in self.held
+        if t is not None and pinned:
             self._save_jobs[job_id] = [t, t.life, None]
-        if self._track_inflight:
-            self._register_inflight(job)
+        self.ext.job_sealed(job, pinned)  # EXTENSION: rule 7
         return job
 
     def _save_pins(self, d: SaveDraft, t: RequestTracker | None) -> tuple[list[int], int]:
@@ -702,6 +687,12 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
             self.finished_partial_tails[rid] = job
         return False
 
+    def finish_turn(self, request: Any, block_ids: tuple[list[int], ...]) -> StoreJob | None:
+        """EXTENSION, rule 3 (``request_finished_all_groups``, before the core frees the
+        request's blocks): the request's turn-end job, sealed now (None: nothing to flush)."""
+        return self.ext.finish_turn(request, block_ids,
+                                    self.request_trackers.get(request.request_id))
+
     def update_connector_output(self, worker_meta: Any, failed_recving: Iterable[str] = ()) -> None:
         """Release the pins of every store job all workers have finished (exactly once), and
         remember failed loads (those requests are recomputed without the store)."""
@@ -736,8 +727,7 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
                 t, life, off = ent
                 if t.life == life and job > t.confirmed[0]:
                     t.confirmed = (job, off)
-            if self._job_keys:
-                self._release_inflight(job)
+            self.ext.job_released(job)  # EXTENSION: rule 7
             self.pool.free_blocks(self._held_blocks.pop(job)[::-1])
             self.metrics.pinned_blocks -= len(ids)
 
@@ -760,7 +750,7 @@ class SchedulerSide(TurnEndCheckpoints, JunctionCheckpoints):
             if used > 0:
                 return f"{used} GPU block(s) still in use"
         pending = (len(self.held) + len(self.finished_partial_tails)
-                   + len(self.finished_turn_ends))
+                   + self.ext.pending_jobs())
         if pending:
             return f"{pending} store job(s) still pending"
         return None

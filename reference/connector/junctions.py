@@ -17,8 +17,8 @@ here at the points marked ``EXTENSION`` there:
   (rule 7) and drops the connector's reference on the fresh blocks at once;
 - at preemption the pending stop is forgotten (re-admission asks again); at finish, all of it.
 
-``tailproof.impl.scheduler_side`` (``_set_junction``, ``_junction_jobs``) and
-``tailproof.impl.junctions`` restate these rules independently: the corpus compares the two.
+``tailproof.impl.junctions`` (``JunctionCheckpoints.at_lookup``, ``.jobs``) restates these
+rules independently: the corpus compares the two.
 """
 
 from __future__ import annotations

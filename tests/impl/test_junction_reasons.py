@@ -1,5 +1,5 @@
 """Junction checkpoints that resolve on but do not act: each skip is counted by reason and
-said once (``SchedulerSide._junction_skipped``); vLLM's own junction where it keys no Mamba
+said once (``JunctionCheckpoints.skipped``); vLLM's own junction where it keys no Mamba
 state (no EAGLE group, the issue's agent workload) is taken, not skipped."""
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from tailproof.impl.config import Settings, StoreGeometry
+from tailproof.impl.extension import ReuseExtension
+from tailproof.impl.junctions import JunctionCheckpoints
 from tailproof.impl.scheduler_side import SchedulerSide
 
 H = 16
@@ -20,9 +22,15 @@ def _side(fa_block: int = 16) -> SchedulerSide:
                         is_mamba=(False, True), hash_block_size=H, scheduler_block_size=64,
                         partial_hits=True, use_eagle=False, num_blocks=64)
     side = SchedulerSide(Settings(junction_checkpoints=True), geo, None, 1)
-    side.exact_junction_stops = True  # what the hook records without EAGLE or device keys
-    side.vllm_keys_junctions = False
+    # what the hook records without EAGLE or device keys
+    side.ext.junction_hook_ran(vllm_keys_junctions=False)
     return side
+
+
+def _jn(side: SchedulerSide) -> JunctionCheckpoints:
+    """The scheduler side's junction part (its extension collaborator's)."""
+    assert isinstance(side.ext, ReuseExtension) and side.ext.junctions is not None
+    return side.ext.junctions
 
 
 def _req(rid: str, shared: int, spb: int = 0) -> SimpleNamespace:
@@ -37,30 +45,30 @@ def test_each_skip_is_counted_by_reason_and_logged_once(
         caplog: pytest.LogCaptureFixture) -> None:
     side = _side()
     total = side.metrics.c.total
-    side._set_junction(_req("a", 10), 0)  # first prompt: nothing shared, nothing counted
+    _jn(side).at_lookup(_req("a", 10), 0)  # first prompt: nothing shared, nothing counted
     b = _req("b", 3)
-    side._set_junction(b, 0)  # junction 48, off the Mamba grid (64): a stop is set
+    _jn(side).at_lookup(b, 0)  # junction 48, off the Mamba grid (64): a stop is set
     assert total("junctions_set") == 1 and b.shared_prefix_boundary == 48
-    side.vllm_keys_junctions = True  # an EAGLE group: vLLM keys its own junction itself
+    _jn(side).vllm_keys_junctions = True  # an EAGLE group: vLLM keys its own junction itself
     with caplog.at_level(logging.INFO, logger="tailproof.impl.junctions"):
-        side._set_junction(_req("d", 3, spb=48), 0)
-        side._set_junction(_req("d2", 3, spb=48), 0)
+        _jn(side).at_lookup(_req("d", 3, spb=48), 0)
+        _jn(side).at_lookup(_req("d2", 3, spb=48), 0)
     assert total("junctions_skipped_vllm_junction") == 2
     assert caplog.text.count("vLLM marks and stores this junction itself") == 1  # said once
-    assert "d" not in side.junction_targets
-    side.vllm_keys_junctions = False  # no EAGLE group: vLLM stops there but keys no state
+    assert "d" not in _jn(side).targets
+    _jn(side).vllm_keys_junctions = False  # no EAGLE group: vLLM stops there but keys no state
     c = _req("c", 3, spb=48)
-    side._set_junction(c, 0)
-    assert side.junction_targets["c"] == 48 and c.shared_prefix_boundary == 48
+    _jn(side).at_lookup(c, 0)
+    assert _jn(side).targets["c"] == 48 and c.shared_prefix_boundary == 48
     assert total("junctions_set_at_vllm_junction") == 1 and total("junctions_set") == 2
-    side._set_junction(_req("e", 4), 0)  # 64: vLLM hands off the aligned state
+    _jn(side).at_lookup(_req("e", 4), 0)  # 64: vLLM hands off the aligned state
     assert total("junctions_skipped_aligned") == 1
-    side._set_junction(_req("f", 3), 48)  # the hit already reaches the junction
+    _jn(side).at_lookup(_req("f", 3), 48)  # the hit already reaches the junction
     assert total("junctions_skipped_served") == 1
-    side._set_junction(_req("g", 3, spb=80), 0)  # vLLM stops the chunk later itself
+    _jn(side).at_lookup(_req("g", 3, spb=80), 0)  # vLLM stops the chunk later itself
     assert total("junctions_skipped_vllm_junction_later") == 1
-    side.exact_junction_stops = False
-    side._set_junction(_req("h", 3), 0)
+    _jn(side).exact_stops = False
+    _jn(side).at_lookup(_req("h", 3), 0)
     assert total("junctions_skipped_no_hook") == 1
     assert total("junctions_set") == 2
 
@@ -72,12 +80,12 @@ def test_device_keyed_junction_takes_a_job_only_off_the_attention_grid(
     still gets its stop; the junction job only where the hand-off lacks attention KV up to it
     (48 is on FA 16's grid, off FA 32's)."""
     side = _side(fa_block)
-    side.vllm_keys_junctions = True
-    side._set_junction(_req("a", 10), 0)
+    _jn(side).vllm_keys_junctions = True
+    _jn(side).at_lookup(_req("a", 10), 0)
     b = _req("b", 3)
-    side._set_junction(b, 0)
+    _jn(side).at_lookup(b, 0)
     assert b.shared_prefix_boundary == 48 and side.metrics.c.total("junctions_set") == 1
-    assert ("b" in side.junction_targets) is job
+    assert ("b" in _jn(side).targets) is job
     assert side.metrics.c.total("junctions_set_device_keyed") == (0 if job else 1)
 
 
@@ -92,8 +100,8 @@ def test_hook_reads_whether_vllm_keys_its_junction() -> None:
                num_blocks=96, groups=(("full_attention", 16), ("mamba", 16)), h=4,
                max_batched=64)
     side = e.conn.scheduler_side
-    assert side.exact_junction_stops
-    assert side.vllm_keys_junctions is False
+    assert _jn(side).exact_stops
+    assert _jn(side).vllm_keys_junctions is False
     assert not e.sched.kv_cache_manager.mamba_shared_prefix_checkpoint
     e.shutdown()
 
@@ -104,15 +112,13 @@ def test_a_stop_the_chunk_ran_past_is_counted_and_spent() -> None:
     from tailproof.impl.meta import TailproofMeta
 
     side = _side()
-    side._set_junction(_req("a", 10), 0)
-    side._set_junction(_req("b", 3), 0)
+    _jn(side).at_lookup(_req("a", 10), 0)
+    _jn(side).at_lookup(_req("b", 3), 0)
     meta = TailproofMeta(preempted_req_ids=set(), finished_req_ids=set())
-    side._step_end = {"b": 32}
-    side._junction_jobs(None, meta)
-    assert side.junction_targets == {"b": 48}
-    side._step_end = {"b": 64}
-    side._junction_jobs(None, meta)
-    assert not side.junction_targets and not meta.stores and not meta.snapshots
+    _jn(side).jobs({"b": 32}, None, meta, {})
+    assert _jn(side).targets == {"b": 48}
+    _jn(side).jobs({"b": 64}, None, meta, {})
+    assert not _jn(side).targets and not meta.stores and not meta.snapshots
     assert side.metrics.c.total("junctions_skipped_stop_missed") == 1
 
 
@@ -131,7 +137,7 @@ def test_hook_sets_both_junction_keying_flags_with_device_junctions() -> None:
                max_batched=64)
     kvm = e.sched.kv_cache_manager
     mamba = [m for m in kvm.coordinator.single_type_managers if isinstance(m, MambaManager)]
-    assert e.conn.scheduler_side.vllm_keys_junctions is True
+    assert _jn(e.conn.scheduler_side).vllm_keys_junctions is True
     assert kvm.mamba_shared_prefix_checkpoint and mamba
     assert all(m.shared_prefix_checkpoint for m in mamba)
     e.shutdown()

@@ -128,7 +128,7 @@ def test_no_hook_no_junction(caplog: pytest.LogCaptureFixture) -> None:
     """Without the scheduler hook the stop could not be exact: no junction is set, one warning."""
     shared = list(range(10, 38))
     e = _engine({"junction_checkpoints": True}, "nohook")
-    e.conn.scheduler_side.exact_junction_stops = False
+    e.conn.scheduler_side.ext.junctions.exact_stops = False
     e.add("c0", shared + [1] * 12, max_tokens=2)
     e.run(50)
     e.add("c1", shared + [2] * 12, max_tokens=2)
@@ -146,16 +146,16 @@ def test_hook_refuses_other_vllm_versions(monkeypatch: pytest.MonkeyPatch) -> No
     e = _engine({"junction_checkpoints": True}, "version")
     assert e.sched.mamba_shared_prefix_checkpoint  # type: ignore[attr-defined]
     side = e.conn.scheduler_side
-    side.exact_junction_stops = False
+    side.ext.junctions.exact_stops = False
     e.sched.mamba_shared_prefix_checkpoint = False  # type: ignore[attr-defined]
     monkeypatch.setattr(vllm, "__version__", "0.35.0")  # names not checked against it
     e.conn.on_scheduler_built(e.sched)  # type: ignore[attr-defined]
-    assert not side.exact_junction_stops and not e.sched.mamba_shared_prefix_checkpoint
+    assert not side.ext.junctions.exact_stops and not e.sched.mamba_shared_prefix_checkpoint
     for checked in ("0.33.0", "0.34.0"):  # vllm_release.JUNCTION_HOOK_RELEASES
         monkeypatch.setattr(vllm, "__version__", checked)
         e.conn.on_scheduler_built(e.sched)  # type: ignore[attr-defined]
-        assert side.exact_junction_stops and e.sched.mamba_shared_prefix_checkpoint
-        side.exact_junction_stops = False
+        assert side.ext.junctions.exact_stops and e.sched.mamba_shared_prefix_checkpoint
+        side.ext.junctions.exact_stops = False
         e.sched.mamba_shared_prefix_checkpoint = False  # type: ignore[attr-defined]
     e.shutdown()
 
@@ -164,7 +164,8 @@ def test_hook_refuses_other_vllm_versions(monkeypatch: pytest.MonkeyPatch) -> No
 def test_hook_is_a_no_op_when_off() -> None:
     e = _engine({"junction_checkpoints": False}, "off")
     assert not e.sched.mamba_shared_prefix_checkpoint  # type: ignore[attr-defined]
-    assert e.conn.scheduler_side.junction_index is None
+    assert e.conn.scheduler_side.ext.junction_stops() == {}
+    assert type(e.conn.scheduler_side.ext).__name__ == "NoExtension"
     e.shutdown()
 
 

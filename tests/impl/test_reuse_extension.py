@@ -36,7 +36,7 @@ def _turn1(cfg: dict[str, Any], max_tokens: int, workers: int = 1) -> tuple[Engi
     assert [x for log in e.log for x in log.byte_errors] == []
     assert e.conn.scheduler_side.held == {}
     assert e.refcounts() == {}  # snapshot blocks and pins all released
-    assert e.conn.scheduler_side.snapshot_slots == {}
+    assert e.conn.scheduler_side.ext.snapshot_slots() == {}
     return e, list(req.all_token_ids)
 
 

@@ -138,7 +138,7 @@ def test_snapshot_every_boundary_past_checkpoint_overwrites_one_slot() -> None:
     mamba = t.tables["r"][1]
     slot = snaps[0].slot_block
     assert snaps == [Snapshot("r", 1, mamba[2], slot, 48), Snapshot("r", 1, mamba[3], slot, 52)]
-    assert t.side.snapshot_slots == {"r": ([slot], 52)}
+    assert t.side.ext.snapshot_slots() == {"r": ([slot], 52)}
     assert slot not in mamba and t.refs([slot]) == [1]
     assert t.side.metrics.c.total("snapshots_taken") == 2
 
@@ -175,7 +175,7 @@ def test_preemption_releases_slots() -> None:
     t.add("r", 48)
     slot = t.step(new=("r",), sched=48).snapshots[0].slot_block
     t.step(preempted=("r",))
-    assert t.side.snapshot_slots == {} and t.refs([slot]) == [0]
+    assert t.side.ext.snapshot_slots() == {} and t.refs([slot]) == [0]
 
 
 def test_finish_flush_pins_then_drops_slot_ref() -> None:
@@ -187,10 +187,10 @@ def test_finish_flush_pins_then_drops_slot_ref() -> None:
     t.step(new=("r",), sched=45)
     t.decode_to("r", 54)
     t.report_all()
-    slot = t.side.snapshot_slots["r"][0][0]
+    slot = t.side.ext.snapshot_slots()["r"][0][0]
     fa = t.tables["r"][0]
     job = t.side.finish_turn(req, t.tables["r"])
-    assert job is not None and t.side.snapshot_slots == {}
+    assert job is not None and t.side.ext.snapshot_slots() == {}
     assert job.token_len_chunk == 0
     assert list(job.boundary_puts) == [BoundaryPut(0, fa[2], 48), BoundaryPut(0, fa[3], 52),
                                  BoundaryPut(1, slot, 52)]
@@ -222,7 +222,7 @@ def test_null_source_takes_no_snapshot() -> None:
     t.add("r", 48)
     t.tables["r"][1][2] = 0  # running state entry for 48 is the null block
     assert t.step(new=("r",), sched=48).snapshots == []
-    assert t.side.snapshot_slots == {}
+    assert t.side.ext.snapshot_slots() == {}
 
 
 def test_consumer_and_default_never_snapshot() -> None:
@@ -238,9 +238,9 @@ def test_speculative_step_disables_the_extension() -> None:
     t.add("r", 45)
     t.step(new=("r",), sched=45)
     t.decode_to("r", 49)
-    slot = t.side.snapshot_slots["r"][0][0]
+    slot = t.side.ext.snapshot_slots()["r"][0][0]
     assert t.step(cached=("r",), spec={"r": [1]}).snapshots == []
-    assert t.side.reuse_disabled and t.refs([slot]) == [0]
+    assert t.side.ext.disabled and t.refs([slot]) == [0]
     assert [s for m in t.decode_to("r", 60) for s in m.snapshots] == []
 
 
@@ -315,11 +315,11 @@ def test_consumer_sets_no_junction() -> None:
     """A consumer stores nothing, so it never stops a chunk at a junction it could not store:
     no prompt index, and the lookup leaves ``shared_prefix_boundary`` alone."""
     on = Settings(junction_checkpoints=True)
-    assert SchedulerSide(on, GEO, None, 1).junction_index is not None
+    assert SchedulerSide(on, GEO, None, 1).ext.junctions is not None
     side = SchedulerSide(replace(on, kv_role="kv_consumer"), GEO, None, 1)
-    side.exact_junction_stops = True
-    assert side.junction_index is None
+    side.ext.junction_hook_ran(vllm_keys_junctions=False)
+    assert side.ext.junctions is None
     req = SimpleNamespace(request_id="B", num_tokens=40, num_prompt_tokens=40,
                           block_hashes=[bytes([i]) for i in range(10)], shared_prefix_boundary=0)
     assert side.get_num_new_matched_tokens(req, 16) == (0, False)
-    assert req.shared_prefix_boundary == 0 and not side.junction_targets
+    assert req.shared_prefix_boundary == 0 and not side.ext.junction_stops()

@@ -301,7 +301,7 @@ class ImplConnector(ConnectorAdapter):
         if self.junctions and split is not None:
             # EXTENSION (docs/junctions.md, "The hook"): what the vLLM plugin does once the
             # Scheduler is built -- impl's own hook sets the split's exact junction stop and
-            # SchedulerSide.exact_junction_stops (or refuses, without partial hits).
+            # the extension's exact junction stops (or refuses, without partial hits).
             TailproofConnector.on_scheduler_built(
                 SimpleNamespace(scheduler_side=self.sched, settings=self.settings), split)
         shapes = [GroupShape("mamba" if g.is_mamba else g.kind, g.block_size) for g in groups]
@@ -454,10 +454,10 @@ class ImplConnector(ConnectorAdapter):
         return self.job_obs(job)
 
     def slots(self) -> dict[str, tuple[list[int], int]]:
-        return dict(self.sched.snapshot_slots)
+        return self.sched.ext.snapshot_slots()
 
     def junction_targets(self) -> dict[str, int]:
-        return dict(self.sched.junction_targets)
+        return self.sched.ext.junction_stops()
 
     def request_trackers(self) -> dict[str, Any]:
         return self.sched.request_trackers

@@ -16,6 +16,8 @@ Each mutant is applied in memory (``apply.mutated_source``) and undone after its
 from __future__ import annotations
 
 import contextlib
+import inspect
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -33,12 +35,12 @@ WS = "tailproof.impl.worker_side"
 ADAPTERS = ["reference", "impl"]
 
 MUTANTS: list[Mutant] = [
-    Mutant("te-wrong-boundary", TE, "TurnEndCheckpoints._checkpoint_job",
+    Mutant("te-wrong-boundary", TE, "checkpoint_draft",
            "puts += [BoundaryPut(g, slot, b) for g, slot",
            "puts += [BoundaryPut(g, slot, b - geo.hash_block_size) for g, slot",
            "the flush keys the snapshot one hash block below its content's boundary: the "
            "state of the prefix b is stored under the key of b - h"),
-    Mutant("te-snapshot-one-step-late", TE, "TurnEndCheckpoints._step_ends",
+    Mutant("te-snapshot-one-step-late", TE, "step_ends",
            "out[rid] = computed + sched[rid] - len(drafts.get(rid, ()))",
            "out[rid] = computed",
            "the snapshot is due on the computed tokens at schedule time, so it is taken in "
@@ -50,7 +52,7 @@ MUTANTS: list[Mutant] = [
            "the flush job does not pin the slots, so dropping the connector's reference at "
            "finish frees them before the workers read them (I14)"),
     Mutant("te-lookup-wait-never-released", SS, "SchedulerSide.update_connector_output",
-           "self._release_inflight(job)", "pass",
+           "self.ext.job_released(job)", "pass",
            "rule 7: a released job's keys are never forgotten, so a lookup extending them "
            "waits forever (the turn is never admitted)"),
     Mutant("te-snapshot-copy-skipped", WS, "WorkerSide.copy_snapshots",
@@ -58,27 +60,27 @@ MUTANTS: list[Mutant] = [
            "n += 0",
            "the worker never copies the running state into the slot: every scheduler "
            "observation is unchanged, only the bytes the flush puts are wrong"),
-    Mutant("jn-wrong-boundary", JN, "JunctionCheckpoints._junction_jobs",
-           "self._checkpoint_job(req, slots, n, ids,",
-           "self._checkpoint_job(req, slots, n - geo.hash_block_size, ids,",
+    Mutant("jn-wrong-boundary", JN, "JunctionCheckpoints.jobs",
+           "self.turn_end.checkpoint_job(req, slots, n, ids,",
+           "self.turn_end.checkpoint_job(req, slots, n - geo.hash_block_size, ids,",
            "the junction job keys the copied state one hash block below the junction: the "
            "state of the prefix J is stored under the key of J - h"),
-    Mutant("jn-snapshot-not-copied", JN, "JunctionCheckpoints._junction_jobs",
-           "zip(self._mamba_groups, srcs, slots, strict=True)]",
-           "() and zip(self._mamba_groups, srcs, slots, strict=True)]",
+    Mutant("jn-snapshot-not-copied", JN, "JunctionCheckpoints.jobs",
+           "zip(self.mamba_groups, srcs, slots, strict=True)]",
+           "() and zip(self.mamba_groups, srcs, slots, strict=True)]",
            "the junction job takes fresh blocks and puts them but asks no worker to copy the "
            "running state into them: the store gets whatever the blocks held"),
-    Mutant("jn-copy-unpinned", JN, "JunctionCheckpoints._junction_jobs",
-           "self.pool.free_blocks([blocks[b] for b in slots])",
-           "self.pool.free_blocks([blocks[b] for b in slots * 2])",
+    Mutant("jn-copy-unpinned", JN, "JunctionCheckpoints.jobs",
+           "pool.free_blocks([blocks[b] for b in slots])",
+           "pool.free_blocks([blocks[b] for b in slots * 2])",
            "the junction job's copies are released twice, the job's pin with the connector's "
            "reference, so a later allocation can take them before the workers read them"),
-    Mutant("jn-stop-on-grid", JN, "JunctionCheckpoints._set_junction",
-           "if all(j % geo.block_sizes[g] == 0 for g in self._mamba_groups):",
+    Mutant("jn-stop-on-grid", JN, "JunctionCheckpoints.at_lookup",
+           "if all(j % geo.block_sizes[g] == 0 for g in self.mamba_groups):",
            "if False:",
            "a junction on every Mamba block grid still stops the chunk and gets a job (its "
            "aligned state is handed off and stored anyway): a needless stop and copy"),
-    Mutant("jn-unkeyed-vllm-junction-skipped", JN, "JunctionCheckpoints._set_junction",
+    Mutant("jn-unkeyed-vllm-junction-skipped", JN, "JunctionCheckpoints.at_lookup",
            "if j == spb and self.vllm_keys_junctions:", "if j == spb:",
            "vLLM's own junction is skipped even where MambaManager keys no state there (no "
            "EAGLE group): the chunk stops at it and the state is lost, so every later "
@@ -89,7 +91,7 @@ MUTANTS: list[Mutant] = [
            "device_junctions sets the KVCacheManager's flag but not the MambaManagers': the "
            "split stops at the junction and the connector stands down, yet nothing keys the "
            "state there (the disagreement KVCacheManager.__init__ warns of)"),
-    Mutant("jn-device-keyed-off-attention-grid", JN, "JunctionCheckpoints._set_junction",
+    Mutant("jn-device-keyed-off-attention-grid", JN, "JunctionCheckpoints.at_lookup",
            "if self.vllm_keys_junctions and all(",
            "if self.vllm_keys_junctions or all(",
            "with device_junctions the connector skips the junction job at a junction off the "
@@ -100,14 +102,22 @@ MUTANTS: list[Mutant] = [
 
 @contextlib.contextmanager
 def applied(m: Mutant) -> Iterator[None]:
-    """``m`` applied in this process for the duration of the block (a class method: undone
-    by rebinding the original)."""
+    """``m`` applied in this process for the duration of the block, then undone by rebinding
+    the original: where it lived, and in every module that imported a module-level function
+    by name (``apply_mutant`` rebinds those too)."""
     owner, attr, raw, _ = mutated_source(m)
     apply_mutant(m)
+    new = vars(owner)[attr]
+    rebound = [] if inspect.isclass(owner) else [
+        (d, name) for mod in list(sys.modules.values())
+        if (d := getattr(mod, "__dict__", None)) is not None and mod is not owner
+        for name, value in list(d.items()) if value is new]
     try:
         yield
     finally:
         setattr(owner, attr, raw)
+        for d, name in rebound:
+            d[name] = raw
 
 
 def extension_cases() -> list[Any]:
