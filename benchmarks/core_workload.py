@@ -1,5 +1,6 @@
 """An allocate/free-heavy workload run through the ``CoreBackend`` interface, so the reference
-model and vLLM 0.33's ``KVCacheManager`` do exactly the same calls in the same order."""
+model and the installed vLLM's ``KVCacheManager`` do exactly the same calls in the same order
+(the trace config names the installed release, so the reference follows its rules)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,11 @@ CONFIG: dict[str, Any] = {
 
 
 def trace_config() -> Any:
-    return parse_trace({"format": FORMAT_TAG, "config": CONFIG, "ops": []}).config
+    """The workload's config, for the installed vLLM release (0.33 when none is installed)."""
+    from tailproof.conformance.harness.releases import installed_release
+
+    config = {**CONFIG, "vllm": installed_release() or "0.33"}
+    return parse_trace({"format": FORMAT_TAG, "config": config, "ops": []}).config
 
 
 def prompts(n: int, length: int = 200, shared: int = 120) -> list[list[int]]:

@@ -1,5 +1,6 @@
-"""Scheduler-side per-step cost: TailproofConnector's scheduler role vs vLLM 0.33's
-``MooncakeStoreScheduler``, replaying the same recorded connector-call trace (pytest-benchmark).
+"""Scheduler-side per-step cost: TailproofConnector's scheduler role vs the installed vLLM's
+(0.33 or 0.34) ``MooncakeStoreScheduler``, replaying the same recorded connector-call trace
+(pytest-benchmark).
 
 Each trace is recorded once from vLLM's real ``Scheduler`` driving ``TailproofConnector`` on CPU
 (``tests/impl/engine_sim.py``): a multi-turn, prefix-sharing workload (32 conversations x 4
@@ -26,7 +27,7 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("vllm", reason="vLLM 0.33 is not installed in this environment")
+pytest.importorskip("vllm", reason="vLLM is not installed in this environment")
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests" / "impl"))
 
@@ -47,12 +48,21 @@ def _req(r: Any) -> SimpleNamespace:
 def _so(so: Any) -> SimpleNamespace:
     from vllm.v1.core.sched.output import KVConnectorBlockState
 
+    from tailproof.impl.vllm_release import resumed_as_cached
+
     st = so.kv_connector_block_state
     tables = {rid: tuple(list(g) for g in st.get_block_ids(rid)) for rid in st.req_ids}
     state = KVConnectorBlockState(
         req_ids=set(st.req_ids), resolve_block_ids=tables.__getitem__,
         boundary_state_offloads={k: list(v) for k, v in st.boundary_state_offloads.items()})
     c = so.scheduled_cached_reqs
+    cached = SimpleNamespace(
+        req_ids=list(c.req_ids),
+        new_block_ids=[None if b is None else tuple(list(g) for g in b)
+                       for b in c.new_block_ids],
+        num_computed_tokens=list(c.num_computed_tokens))
+    if resumed_as_cached():  # 0.33 only: 0.34 re-sends a resumed request as a new one
+        cached.resumed_req_ids = set(c.resumed_req_ids)
     return SimpleNamespace(
         finished_req_ids=set(so.finished_req_ids),
         preempted_req_ids=set(so.preempted_req_ids or ()),
@@ -61,11 +71,7 @@ def _so(so: Any) -> SimpleNamespace:
             num_computed_tokens=n.num_computed_tokens, prompt_token_ids=list(n.prompt_token_ids),
             prefill_token_ids=None if n.prefill_token_ids is None else list(n.prefill_token_ids))
             for n in so.scheduled_new_reqs],
-        scheduled_cached_reqs=SimpleNamespace(
-            req_ids=list(c.req_ids), resumed_req_ids=set(c.resumed_req_ids),
-            new_block_ids=[None if b is None else tuple(list(g) for g in b)
-                           for b in c.new_block_ids],
-            num_computed_tokens=list(c.num_computed_tokens)),
+        scheduled_cached_reqs=cached,
         num_scheduled_tokens=dict(so.num_scheduled_tokens),
         kv_connector_block_state=state)
 
@@ -226,6 +232,7 @@ def mooncake_target(geom: Any, pool: Pool) -> tuple[Any, Any]:
     s._pinned_saves = {}
     s.load_specs, s._request_trackers, s._unfinished_requests = {}, {}, {}
     s._unfinished_request_ids, s._finished_partial_tail_metas = set(), {}
+    s._finished_lookahead_metas = {}  # 0.34 (MooncakeStoreScheduler.__init__); unused by 0.33
 
     def play(ev: tuple) -> None:
         kind = ev[0]

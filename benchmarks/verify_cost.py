@@ -83,7 +83,7 @@ def kv_caches() -> tuple[dict[str, Any], list[list[str]]]:
 def make_worker(store: Store, kv: dict[str, Any], names: list[list[str]], checked: bool,
                 secret: bytes | None) -> WorkerSide:
     w = WorkerSide(Settings(namespace="bench", staging_buffer_bytes=80 << 20), GEO, store, 0, 1,
-                   secret=secret)
+                   secret=secret, keep_load_outcomes=True)
     w.codec = (TimedCodec if checked else UncheckedCodec)(w.codec.fingerprint, secret)
     w.register_kv_caches(kv, names)
     return w

@@ -1,25 +1,30 @@
-"""Scheduler-thread time per prefill step with N waiting L-token prompts, on vLLM 0.33's real
-``Scheduler`` (no forward): ``TailproofConnector`` (producer, memory store) against the same
-scheduler without a connector, and against the connector with remembered lookups off (every
-ask probes every candidate key, as vLLM 0.33's ``MooncakeStoreWorker.lookup`` does).
+"""Scheduler-thread time per prefill step with N waiting L-token prompts, on the installed vLLM's
+real ``Scheduler`` (0.33 or 0.34; no forward): ``TailproofConnector`` (producer, memory store)
+against the same scheduler without a connector, with a no-op connector (vLLM's own connector
+path, the peer), and against the connector with remembered lookups off (every ask probes every
+candidate key, as vLLM 0.33's ``MooncakeStoreWorker.lookup`` does).
 
 The step: a running request R (16,384-token prompt) prefills 2,048 tokens a step
 (``long_prefill_token_threshold``), leaving 8 tokens of the 2,056-token budget; the head
 waiting request is then asked about (local prefix cache, then the connector's
 ``get_num_new_matched_tokens``) and not admitted (its Mamba-aligned chunk is 0), so it is
-asked again every step, as vLLM does; N - 1 more requests wait behind it. The waiting prompts
-share nothing with R or the store (a hit would admit the head with an asynchronous load).
-Timed: R's full-chunk steps, ``schedule()`` + ``update_from_output()``; the model
-runner output (R's worker reporting every store job done, with its saved offset: one rank
-whose puts all succeed) is built untimed. Groups: full
-attention 16 + Mamba 64, h = 16 (partial hits on).
+asked again every step, as vLLM 0.33 and 0.34 do; N - 1 more requests wait behind it. The
+waiting prompts share nothing with R or the store (a hit would admit the head with an
+asynchronous load). Timed: R's full-chunk steps, ``schedule()`` + ``update_from_output()``; the
+model runner output (R's worker reporting every store job done, with its saved offset: one rank
+whose puts all succeed) is built untimed. Groups: full attention 16 + Mamba 64, h = 16
+(partial hits on).
 
 Each round builds fresh schedulers and runs R's prefill steps on each variant, in an order
 that rotates per round; a round's ratio is its total step time over the no-connector one's.
-Prints min and median of the paired ratios, the keys probed per step, and the machine load.
+Prints min and median of the paired ratios, the keys probed per step, the connector's own
+cost per step (its median step minus the no-op peer's, in µs: a release whose step is cheaper
+raises the ratio while this stays put), the vLLM release and the machine load (``run_info``:
+one ``--json`` line on stdout, also written to ``--json FILE``).
 
     .venv/bin/python benchmarks/waiting_lookups.py [--rounds 5] [--lengths 1024 8192 32768]
-        [--waiting 16 64] [--running 16384]
+        [--waiting 16 64] [--running 16384] [--json FILE]
+    PYTHONPATH=$(scripts/vllm_env.sh 0.33) .venv/bin/python benchmarks/waiting_lookups.py
 
 ``--running`` sets R's prompt (16,384: 7 full-chunk steps, where each request's first ask
 weighs on the per-step figure; 65,536: 31 steps, a long prefill's steady state).
@@ -38,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests" / "impl"))
+sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")  # no forward: positions unused
 
@@ -182,12 +188,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--waiting", type=int, nargs="+", default=[16, 64])
     ap.add_argument("--running", type=int, default=RUNNING,
                     help="R's prompt length (full 2,048-token chunks are timed)")
+    ap.add_argument("--json", metavar="FILE", help="also write the figures to FILE")
     args = ap.parse_args(argv)
+    from run_info import RunInfo
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_utils import init_none_hash
 
     init_none_hash(sha256)
-    print(f"load before: {os.getloadavg()}", flush=True)
+    info = RunInfo.start()
+    points = []
     for length in args.lengths:
         for n in args.waiting:
             times: dict[str, list[float]] = {v: [] for v in VARIANTS}
@@ -209,9 +218,27 @@ def main(argv: list[str] | None = None) -> int:
                             f"x{min(ratios):.2f}/{statistics.median(ratios):.2f}"
                             + (f" (keys/step {probes[v] / steps:.0f})" if v != "noop" else ""))
             beyond = [a / b for a, b in zip(times["connector"], times["noop"], strict=True)]
+            own = [(a - b) / steps for a, b in zip(times["connector"], times["noop"], strict=True)]
             line.append(f"connector / noop x{min(beyond):.2f}/{statistics.median(beyond):.2f}")
+            line.append(f"connector - noop {1e6 * statistics.median(own):.0f} us/step")
             print(" | ".join(line), flush=True)
-    print(f"load after: {os.getloadavg()}", flush=True)
+            point: dict[str, Any] = {"length": length, "waiting": n, "steps": steps,
+                                     "keys_per_step": probes["connector"] / steps}
+            for v in VARIANTS:
+                point[f"{v}_us_per_step_median"] = round(
+                    1e6 * statistics.median(times[v]) / steps, 1)
+                if v != "none":
+                    ratios = [a / b for a, b in zip(times[v], base, strict=True)]
+                    point[f"{v}_over_none"] = [round(min(ratios), 3),
+                                               round(statistics.median(ratios), 3)]
+            point["connector_over_noop"] = [round(min(beyond), 3),
+                                            round(statistics.median(beyond), 3)]
+            point["connector_minus_noop_us_per_step_median"] = round(
+                1e6 * statistics.median(own), 1)
+            points.append(point)
+    info.finish({"benchmark": "waiting_lookups", "rounds": args.rounds,
+                 "running": args.running, "ratios": "[min, median] of paired rounds",
+                 "points": points}, args.json)
     return 0
 
 

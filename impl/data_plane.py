@@ -243,6 +243,12 @@ class StagingPool:
                 self._free.append(buf)
                 self._cond.notify()
 
+    @property
+    def in_use(self) -> int:
+        """Pool buffers taken now (a job holds one while it copies); 0 when every job is done."""
+        with self._cond:
+            return len(self._buffers) - len(self._free)
+
     def close(self) -> None:
         """Unregister the buffers (call after every job that used them finished)."""
         if self._unregister is not None:

@@ -479,7 +479,8 @@ class SchedulerSide:
             accepted = self._accept(entries, end)
             if not accepted:
                 continue
-            rule5 = self.ext.decode_saves  # EXTENSION: rule 5
+            # EXTENSION: rule 5's attention puts, unless vLLM's decode saves store that KV
+            rule5 = self.ext.decode_saves and not self.settings.native_decode_boundaries
             decode = sorted({p.num_tokens for p in accepted if p.num_tokens > end}) if rule5 \
                 else []
             if (s := by_req.get(rid)) is not None:

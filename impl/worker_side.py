@@ -104,13 +104,19 @@ class WorkerSide:
     job only when :meth:`run` / :meth:`run_loads` hand it to them, and those calls wait for it;
     otherwise they run free. State the step and the threads share (ledger, offsets, gate,
     reports) is guarded by one lock; store I/O and copies run outside it.
+
+    ``keep_load_outcomes=True`` (callers that run loads themselves and read each one's result:
+    tests, the conformance adapter, a benchmark): each request's last load outcome stays in
+    :attr:`load_ok` until the caller pops it. The engine learns outcomes from
+    ``finished_recving`` / ``failed_recving`` and the load-error blocks instead, so it keeps
+    none: an entry per request that loaded would outlive the request (nothing there pops it).
     """
 
     def __init__(
         self, settings: Settings, geo: StoreGeometry, store: Store, rank: int, world: int,
         coord: Any = None, metrics: WorkerMetrics | None = None,
         fingerprint: Fingerprint | None = None, secret: bytes | None = None, tp_size: int = 1,
-        *, manual: bool = False,
+        *, manual: bool = False, keep_load_outcomes: bool = False,
     ):
         fp = fingerprint or geometry_fingerprint(geo)
         self.keys = KeySpace(settings.namespace, fp.digest, tp_size, mac_identity_text(secret))
@@ -142,6 +148,7 @@ class WorkerSide:
         self.failed_recving: set[str] = set()
         self.load_error_blocks: set[int] = set()
         self.load_ok: dict[str, bool] = {}  # request -> whether its last load succeeded
+        self._keep_load_outcomes = keep_load_outcomes
         # vllm_release: the offset only moves forward, after a save with nothing missing (0.34)
         self._monotone = monotone_saved_offset()
 
@@ -245,7 +252,8 @@ class WorkerSide:
         if not ok:
             self.metrics.c.inc("load_failures")
         with self._lock:
-            self.load_ok[job.req_id] = ok
+            if self._keep_load_outcomes:
+                self.load_ok[job.req_id] = ok
             if job.is_async:
                 self.finished_recving.add(job.req_id)
                 if not ok:

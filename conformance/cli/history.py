@@ -1,11 +1,13 @@
-"""The ``tailproof history`` subcommand: bug -> status -> covering case or finding -> mutant ->
-killed or not, for every upstream bug in ``bugs.py`` (docs/history.md).
+"""The ``tailproof history`` subcommand: bug -> status per release -> covering case or finding
+-> mutant -> killed or not, for every upstream bug in ``bugs.py`` (docs/history.md).
 
-Fixed bugs: each mutant runs against the bug's named case alone (``verify.py``); a mutant the
-case does not kill makes the exit status 1. Present bugs: the finding's detector runs on the
-bug's case (replayed on ``reference`` and ``vllm-mooncake``) or on the installed vLLM; a finding
-that no longer shows is reported (``reported: false``), also exit 1, since the entry's status
-is then out of date. ``--no-mutants`` skips the mutant runs (a few seconds each).
+Each bug has a status per supported release (``Bug.at``); the checks run on the installed
+release's column. Fixed bugs: each mutant runs against the bug's named case alone
+(``verify.py``); a mutant the case does not kill makes the exit status 1. Present bugs: the
+finding's detector runs on the bug's case (replayed on ``reference`` and ``vllm-mooncake``),
+on the installed vLLM, or on its ``Scheduler`` (``engine.py``); a finding that no longer shows
+is reported (``reported: false``), also exit 1, since the entry's status is then out of date.
+``--no-mutants`` skips the mutant runs (a few seconds each).
 """
 
 from __future__ import annotations
@@ -20,9 +22,17 @@ from tailproof.conformance.cli.common import _sub
 from tailproof.conformance.format.trace import load_trace
 from tailproof.conformance.harness import report, vllm_compat
 from tailproof.conformance.harness.errors import DIVERGED, OK, UsageError
+from tailproof.conformance.harness.releases import installed_release
 from tailproof.conformance.harness.replay import run_trace
 from tailproof.conformance.tools.history import findings as hf
-from tailproof.conformance.tools.history.bugs import BUGS, FIXED, PRESENT, Bug, by_ref
+from tailproof.conformance.tools.history.bugs import (
+    BUGS,
+    FIXED,
+    PRESENT,
+    RELEASES,
+    Bug,
+    by_ref,
+)
 from tailproof.conformance.tools.history.verify import case_ops, case_path, verify_bug
 
 
@@ -38,6 +48,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _finding_shown(bug: Bug) -> dict[str, Any] | None:
     """Run the bug's finding detector; the finding dict when it shows, None when not."""
     assert bug.finding
+    if bug.finding in hf.ENGINE_DETECTORS:
+        return hf.engine_finding(bug.finding)
     if bug.finding in hf.STATIC_DETECTORS:
         found = hf.static_findings()
     else:
@@ -48,14 +60,25 @@ def _finding_shown(bug: Bug) -> dict[str, Any] | None:
     return next((f for f in found if f["bug"] == bug.ref), None)
 
 
-def row(bug: Bug, run_mutants: bool, jobs: int) -> dict[str, Any]:
-    """One bug's line of the table, with the checks run."""
+def _column(bug: Bug) -> dict[str, Any]:
+    """One release's column of a bug (no checks run)."""
+    return {"status": bug.status, "reason": bug.reason, "case": bug.case,
+            "mutants": list(bug.mutants), "finding": bug.finding}
+
+
+def row(entry: Bug, run_mutants: bool, jobs: int, release: str | None = None
+        ) -> dict[str, Any]:
+    """One bug's line of the table, with the checks of ``release``'s column run (None: the
+    installed release)."""
+    release = release or installed_release()
+    bug = entry.at(release)
     r: dict[str, Any] = {
-        "bug": bug.ref, "listed": bug.listed, "status": bug.status,
+        "bug": bug.ref, "listed": bug.listed, "checked_on": release, "status": bug.status,
         "statement": bug.statement, "touches": bug.touches, "reason": bug.reason,
         "case": bug.case, "case_ops": case_ops(bug.case) if bug.case else None,
         "finding": bug.finding, "mutants": {}, "avoided_by": bug.avoided_by,
-        "output_only": bug.output_only}
+        "output_only": bug.output_only,
+        "releases": {rel: _column(entry.at(rel)) for rel in RELEASES}}
     if bug.mutants:
         if run_mutants:
             r["mutants"] = verify_bug(bug, jobs)
@@ -88,16 +111,22 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         if r["finding"]:
             cover += f"; finding {r['finding']}: " + ("reported" if r.get("reported")
                                                        else "NOT REPORTED")
-        lines.append(f"{r['bug']:<14} {r['status']:<15} {cover}")
+        column = " | ".join(f"{rel}: {c['status']}" for rel, c in r["releases"].items())
+        lines.append(f"{r['bug']:<14} {column}")
+        lines.append(f"{'':<14} checked on {r['checked_on'] or '(no vLLM)'}: {cover}")
         lines.append(f"{'':<14} mutants: {_killed_cell(r)}")
+        if r.get("finding_message"):
+            lines.append(f"{'':<14} shows: {r['finding_message']}")
         if r["status"] not in (FIXED, PRESENT) or not (r["mutants"] or r["finding"]):
             lines.append(f"{'':<14} why: {r['reason']}")
     n_fixed = sum(r["status"] == FIXED for r in rows)
     n_present = sum(r["status"] == PRESENT for r in rows)
     killed = sum(bool(v.get("killed")) for r in rows for v in r["mutants"].values())
     total = sum(len(r["mutants"]) for r in rows)
-    lines.append(f"history: {len(rows)} bugs ({n_fixed} fixed in vLLM 0.33, {n_present} "
-                 f"present, {len(rows) - n_fixed - n_present} not applicable); mutants "
+    on = rows[0]["checked_on"] if rows else None
+    lines.append(f"history on vLLM {on or '(none)'}: {len(rows)} bugs ({n_fixed} fixed, "
+                 f"{n_present} present, {len(rows) - n_fixed - n_present} not applicable); "
+                 "mutants "
                  f"killed by their named case: {killed}/{total}; findings reported: "
                  f"{sum(bool(r.get('reported')) for r in rows)}/"
                  f"{sum(bool(r['finding']) for r in rows)}")
@@ -129,5 +158,6 @@ def cmd_history(args: argparse.Namespace) -> int:
 
 def register_history(sub: Any) -> None:
     add_arguments(_sub(sub, "history", "list every upstream bug of the partial-tail path: its "
-                       "status in vLLM 0.33, the case or finding that covers it, the mutant "
-                       "that re-introduces it and whether the case kills it", cmd_history))
+                       "status in each supported vLLM release, the case or finding that "
+                       "covers it on the installed one, the mutant that re-introduces it and "
+                       "whether the case kills it", cmd_history))

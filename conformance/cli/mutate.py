@@ -133,7 +133,8 @@ def cmd_mutate(args: argparse.Namespace) -> int:
 
 
 def register_mutate(sub: Any) -> None:
-    mu = _sub(sub, "mutate", "score the suite against mutants of vLLM 0.33's own partial-tail "
-              "code (corpus plus the generators' fixed budget)", cmd_mutate)
+    mu = _sub(sub, "mutate", "score the suite against mutants of the installed vLLM's own "
+              "partial-tail code (0.33 or 0.34; corpus plus the generators' fixed budget)",
+              cmd_mutate)
     mu.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     add_arguments(mu)

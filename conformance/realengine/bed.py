@@ -20,14 +20,19 @@ Usage::
         bed.call(my_fn, x=1)                               # any module-level fn(llm, ...)
 
 * :class:`EngineSpec`: the engine arguments the bed varies (prefix caching, executor ``uni`` /
-  ``mp``, engine core in its own process, ``kv_transfer_config``, pool size, ...); the fixed ones
+  ``mp``, engine core in its own process, ``kv_transfer_config``, pool size, another installed
+  vLLM release for this engine: ``vllm_release``, ...); the fixed ones
   are ``skip_tokenizer_init``, ``enforce_eager``, ``dtype="float32"``, token-id prompts,
   greedy sampling with ``ignore_eos``.
 * :class:`Bed`: ``generate`` (returns :class:`Completion` s), ``reset_prefix_cache``, ``call``
   (``fn(llm, ...)`` in the bed process), ``worker`` (``fn(worker, ...)`` on every worker through
   ``LLM.collective_rpc``), ``close``.
 * Worker-side helpers to pass to ``Bed.worker``: :func:`registered_kv_caches`,
-  :func:`perturb_device_cache`, :func:`connector_counters`, :func:`corrupt_store_values`.
+  :func:`perturb_device_cache`, :func:`connector_counters`, :func:`corrupt_store_values`,
+  :func:`hold_store_puts` / :func:`hold_store_reads` (a store call held at a gate: a job or
+  load in flight at a known point), :func:`worker_leftovers`; engine-side (``Bed.call``):
+  :func:`scheduler_pins`, :func:`drain_store_jobs`, :func:`scheduler_leftovers` (what must be
+  back to zero on an idle engine: blocks, load slots, pins, per-request state).
 * :func:`memory_connector` / :func:`tailproof_connector`: a ``kv_transfer_config`` naming
   ``TailproofConnector``; :mod:`.oracle` runs and compares the standard passes.
 """
@@ -36,9 +41,12 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import subprocess
+import sys
 import tempfile
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -82,6 +90,9 @@ class EngineSpec:
     mamba_first: bool = False  # model.py: reproduces vLLM 0.33's block-copy bug (fixed in 0.34)
     engine_args: dict[str, Any] = field(default_factory=dict)  # any other LLM(...) argument
     env: dict[str, str] = field(default_factory=dict)  # extra environment of the bed process
+    # another installed vLLM release for this engine ("0.33"; :func:`release_sys_path`), e.g.
+    # two releases sharing one store; None: the release this process runs
+    vllm_release: str | None = None
 
     def llm_kwargs(self, model_dir: str) -> dict[str, Any]:
         """Keyword arguments of ``vllm.LLM``."""
@@ -225,6 +236,47 @@ def _generate(llm: Any, prompts: list[list[int]], max_tokens: int) -> list[Compl
 # --- the parent's handle --------------------------------------------------------------------
 
 
+def _vllm_env(*args: str) -> subprocess.CompletedProcess[str]:
+    script = Path(__file__).resolve().parents[2] / "scripts" / "vllm_env.sh"
+    if not script.exists():
+        raise BedError(f"{script} not found: another vLLM release needs a checkout of tailproof")
+    return subprocess.run([str(script), *args], capture_output=True, text=True, timeout=30,
+                          check=False)
+
+
+def release_sys_path(release: str) -> list[str]:
+    """``sys.path`` for a process on installed vLLM ``release``: its overlay first (what
+    ``scripts/vllm_env.sh RELEASE`` prints; nothing for the venv's own release), then this
+    process's path without any other release's overlay. BedError (the script's line) when the
+    release is not installed."""
+    mine = _vllm_env(release)
+    if mine.returncode != 0:
+        raise BedError(mine.stderr.strip() or f"vLLM {release} is not installed")
+    others = set()
+    for r in _vllm_env("--supported").stdout.split():
+        out = _vllm_env(r)
+        if r != release and out.returncode == 0 and out.stdout.strip():
+            others.add(os.path.realpath(out.stdout.strip()))
+    overlay = mine.stdout.strip()
+    return [*([overlay] if overlay else []),
+            *(p for p in sys.path if not p or os.path.realpath(p) not in others)]
+
+
+@contextmanager
+def _child_sys_path(release: str | None) -> Iterator[None]:
+    """While a ``spawn`` child starts (it takes the parent's ``sys.path``): the path of vLLM
+    ``release`` (:func:`release_sys_path`), restored at once; None: unchanged."""
+    if release is None:
+        yield
+        return
+    saved = sys.path[:]
+    sys.path[:] = release_sys_path(release)
+    try:
+        yield
+    finally:
+        sys.path[:] = saved
+
+
 class Bed:
     """One real engine in its own process; a context manager (``close`` on exit)."""
 
@@ -244,7 +296,8 @@ class Bed:
         self._conn, child = ctx.Pipe()
         self._proc = ctx.Process(target=_serve, args=(child, asdict(self.spec), self.model_dir),
                                  name="tailproof-testbed", daemon=False)
-        self._proc.start()
+        with _child_sys_path(self.spec.vllm_release):
+            self._proc.start()
         child.close()
         try:
             self._wait("start", start_timeout)
@@ -416,6 +469,38 @@ def corrupt_store_values(worker: Any, count: int | None = None,
     return done
 
 
+#: per worker process: the keys its store reads since :func:`record_store_reads`
+_READS: dict[str, list[str]] = {}
+
+
+def record_store_reads(worker: Any) -> bool:
+    """Record the keys of every store read of the worker's connector (loads) until
+    :func:`recorded_store_reads`."""
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+    store = get_kv_transfer_group().worker_side.store
+    read = _READS.setdefault("keys", [])
+    read.clear()
+    plain = type(store).read_batch
+
+    def recording(keys: Any, *args: Any, **kwargs: Any) -> Any:
+        read.extend(keys)
+        return plain(store, keys, *args, **kwargs)
+
+    store.read_batch = recording  # an instance attribute shadows the method
+    return True
+
+
+def recorded_store_reads(worker: Any) -> list[str]:
+    """Stop :func:`record_store_reads`; the keys read meanwhile, in order."""
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+    store = get_kv_transfer_group().worker_side.store
+    if "read_batch" in vars(store):
+        del store.read_batch
+    return list(_READS.pop("keys", []))
+
+
 def remove_store_values(worker: Any, keys: list[str], rank: int = 0) -> int:
     """Remove ``keys`` from the store, on tensor-parallel rank ``rank``'s worker only (the
     store is shared); returns how many were removed (0 on the other ranks)."""
@@ -424,6 +509,18 @@ def remove_store_values(worker: Any, keys: list[str], rank: int = 0) -> int:
     if tp_rank(worker) != rank:
         return 0
     return get_kv_transfer_group().store.remove(keys)
+
+
+def wait_connector_idle(worker: Any, timeout: float, rank: int | None = None) -> bool:
+    """Wait up to ``timeout`` until the worker's connector runs no load or store job (its
+    results then wait for the next step to collect them); whether it got there. ``rank``: only
+    on that tensor-parallel rank's worker (the others answer True at once, e.g. one whose store
+    calls :func:`hold_store_puts` holds)."""
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+    if rank is not None and tp_rank(worker) != rank:
+        return True
+    return get_kv_transfer_group().worker_side.wait_idle(timeout)
 
 
 def tp_rank(worker: Any) -> int:
@@ -471,6 +568,70 @@ def release_store_puts(worker: Any) -> bool:
     return True
 
 
+class _ReadGate:
+    """A gate in front of one store's ``read_batch`` that counts the reads waiting at it."""
+
+    def __init__(self, store: Any) -> None:
+        import threading
+
+        self.store = store
+        self.open = threading.Event()
+        self.cond = threading.Condition()
+        self.waiting = 0  # reads inside read_batch, held at the gate now
+        self.passed = 0  # reads let through since the gate was put up
+        original = type(store).read_batch
+
+        def held(*args: Any, **kwargs: Any) -> Any:
+            with self.cond:
+                self.waiting += 1
+                self.cond.notify_all()
+            self.open.wait()
+            with self.cond:
+                self.waiting -= 1
+                self.passed += 1
+            return original(store, *args, **kwargs)
+
+        store.read_batch = held  # an instance attribute shadows the method until release
+
+
+#: per worker process: the gate :func:`hold_store_reads` put in front of its store's reads
+_READ_GATE: dict[str, _ReadGate] = {}
+
+
+def hold_store_reads(worker: Any) -> bool:
+    """Every store read of the worker's connector (a load's one ``read_batch``) waits at a gate
+    until :func:`release_store_reads`: a load that started stays in flight, inside its read,
+    for as long as a test needs (its staging buffer taken, its request in vLLM's
+    ``WAITING_FOR_REMOTE_KVS``). Returns True."""
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+    if "gate" in _READ_GATE:
+        raise RuntimeError("store reads are already held")
+    _READ_GATE["gate"] = _ReadGate(get_kv_transfer_group().worker_side.store)
+    return True
+
+
+def reads_held(worker: Any, count: int = 1, timeout: float = CALL_TIMEOUT_S) -> int:
+    """How many reads wait at :func:`hold_store_reads`'s gate, once at least ``count`` do
+    (waiting on the gate's condition for up to ``timeout``, never polling)."""
+    gate = _READ_GATE["gate"]
+    with gate.cond:
+        gate.cond.wait_for(lambda: gate.waiting >= count, timeout)
+        return gate.waiting
+
+
+def release_store_reads(worker: Any) -> int:
+    """Open :func:`hold_store_reads`'s gate and take it down; returns how many reads had
+    reached it (0 on a worker that holds none)."""
+    gate = _READ_GATE.pop("gate", None)
+    if gate is None:
+        return 0
+    del gate.store.read_batch  # later reads go straight to the store
+    gate.open.set()
+    with gate.cond:
+        return gate.passed + gate.waiting
+
+
 # --- engine-side helpers (run in the bed process through Bed.call) ---------------------------
 
 
@@ -486,6 +647,58 @@ def scheduler_pins(llm: Any) -> dict[str, Any]:
     return {"pinned_blocks": side.metrics.pinned_blocks,
             "held": {job: left for job, (_, left) in side.held.items()},
             "epoch": side.epoch, "loads_failed": side.metrics.c.totals().get("loads_failed", 0)}
+
+
+def scheduler_leftovers(llm: Any) -> dict[str, int]:
+    """What the scheduler process still holds for requests, vLLM's and the connector's
+    scheduler role's: every value is 0 on an idle engine (no request left, every store job
+    and load reported), whatever was aborted or preempted on the way. A value left above 0
+    is a leak: blocks or a load slot vLLM never gets back, pins, per-request state."""
+    sched = llm.llm_engine.engine_core.engine_core.scheduler
+    pool = sched.kv_cache_manager.block_pool
+    side = sched.connector.scheduler_side
+    memos = getattr(side.lookup_client, "memos", {})
+    return {
+        "vllm_requests": len(sched.requests),
+        "vllm_blocks_in_use": pool.num_gpu_blocks - pool.get_num_free_blocks() - 1,  # null
+        # vLLM 0.34 (Scheduler.finish_requests): an aborted request whose load is in flight
+        # keeps a --max-num-inflight-kv-loads slot until the connector reports the load
+        "vllm_aborted_kv_loads": len(getattr(sched, "_aborted_kv_loads", ())),
+        # requests in an asynchronous load's stages (waiting to start, in progress, done and
+        # waiting for a running slot: ``Scheduler._set_kv_fetch_stage``)
+        "vllm_kv_fetch_stages": sum((getattr(sched, "_kv_fetch_counts", None) or {}).values()),
+        "vllm_finished_recving": len(sched.finished_recving_kv_req_ids),
+        "pinned_blocks": side.metrics.pinned_blocks,
+        "held_store_jobs": len(side.held),
+        "load_specs": len(side.load_specs),
+        "request_trackers": len(side.request_trackers),
+        "unfinished_requests": len(side.unfinished_requests),
+        "remembered_lookups": len(memos),
+        "finished_tail_jobs": len(side.finished_partial_tails) + side.ext.pending_jobs(),
+        "snapshot_slots": len(side.ext.snapshot_slots()),
+    }
+
+
+def worker_leftovers(worker: Any) -> dict[str, int]:
+    """What a worker's connector still holds: every value is 0 on an idle engine (see
+    :func:`scheduler_leftovers`). ``staging_in_use``: host staging buffers taken (a store
+    handle a load or save holds while it runs); ``store_leases``: memory-store values a read
+    is copying out of (the memory store's read lease)."""
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+    side = get_kv_transfer_group().worker_side
+    leases = getattr(side.store, "_leases", None)  # the memory store's; Mooncake's are the master's
+    return {
+        "loads_queued": side.receivers.pending if side.receivers is not None else 0,
+        "store_jobs_queued": side.senders.pending if side.senders is not None else 0,
+        "staging_in_use": side.pool.in_use if side.pool is not None else 0,
+        "store_leases": len(leases) if leases is not None else 0,
+        "load_results_untaken": len(side.finished_recving) + len(side.failed_recving),
+        "load_outcomes": len(side.load_ok),
+        "stored_requests": len(side.stored_requests),
+        "saved_offsets": len(side.saved_offset),
+        "store_job_reports_untaken": len(side.completed_saves),
+    }
 
 
 def drain_store_jobs(llm: Any, timeout: float) -> bool:

@@ -83,6 +83,24 @@ def runner_kv_caches_by_layer(runner: Any) -> dict[str, Any]:
 
 
 @cache
+def inflight_kv_load_cap() -> bool:
+    """Whether the engine takes ``--max-num-inflight-kv-loads`` (a cap on asynchronous KV loads
+    holding blocks before their requests run, and the connector's ``may_load_async``).
+
+    vLLM 0.34 (``SchedulerConfig.max_num_inflight_kv_loads``, ``config/scheduler.py``;
+    ``Scheduler._admits_inflight_kv_load`` and ``_enqueue_waiting_request``,
+    ``v1/core/sched/scheduler.py``): loads past the cap wait in ``async_kv_waiting``, and an
+    aborted request's load in flight keeps its slot (``_aborted_kv_loads``) until the connector
+    reports it. vLLM 0.33: no such setting; every load the scheduler admits starts at once.
+    """
+    import dataclasses
+
+    from vllm.config.scheduler import SchedulerConfig  # deferred: vLLM is heavy
+
+    return any(f.name == "max_num_inflight_kv_loads" for f in dataclasses.fields(SchedulerConfig))
+
+
+@cache
 def block_copy_covers_every_view() -> bool:
     """Whether vLLM's copy-on-write block copy copies every view of a shared allocation, asked of
     vLLM's own function on a two-block buffer seen through a short and a full page view at one

@@ -4,7 +4,7 @@ What it mirrors, module by module:
 
 - ``config``: the connector's static view of the engine (store groups, lcm, h, partial hits,
   EAGLE margins) and its role (``MooncakeStoreScheduler.__init__``, MS:138-205).
-- ``meta``: per-request tracker, store jobs and load specs (``data.py`` MD:688-865).
+- ``meta``: per-request tracker, store jobs and load specs (``data.py`` MD:690-865).
 - ``masks``: which chunks of each group the store writes and probes (``store_mask`` /
   ``lookup_mask``, MCO:278-382; a sliding window keeps only the blocks a hit needs).
 - ``tail``: attention tail puts of a partial tail (``_partial_tail_non_mamba_puts`` MS:62-132).

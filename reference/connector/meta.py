@@ -1,6 +1,6 @@
 """Per-request connector state and the store jobs handed to workers (mirrors ``data.py``).
 
-``ReqMeta`` (MD:752-865), ``RequestTracker`` (MD:701-741), ``LoadSpec`` (MD:689-698),
+``ReqMeta`` (MD:752-865), ``RequestTracker`` (MD:701-741), ``LoadSpec`` (MD:690-698),
 ``BoundaryPut`` (MD:744-749) and ``TailKeyBoundary`` (MD:655-671) keep vLLM's names and
 fields. Block hashes are carried as the request's own list (the reference core's chained
 digests), so a key is ``(group, digest)`` as in vLLM.
@@ -54,7 +54,7 @@ class RequestTracker:
     life: int = 0
 
     def reset(self) -> None:
-        """``RequestTracker.reset`` on preemption (MD:716-723): everything zeroed."""
+        """``RequestTracker.reset`` on preemption (MD:717-724): everything zeroed."""
         self.token_len = 0
         self.allocated_block_ids = ()
         self.num_saved_tokens = 0
@@ -65,7 +65,7 @@ class RequestTracker:
         self.life += 1
 
     def update(self, new_block_ids: tuple[list[int], ...]) -> None:
-        """Append-only mirror of new block ids (MD:725-741)."""
+        """Append-only mirror of new block ids (MD:726-741)."""
         if len(new_block_ids) != len(self.allocated_block_ids):
             raise ValueError("Group count mismatch")
         for existing, new in zip(self.allocated_block_ids, new_block_ids, strict=True):

@@ -1,6 +1,6 @@
 """Scheduler side of the connector: trackers, store jobs and the GPU block pins they hold.
 
-Mirrors ``MooncakeStoreScheduler`` (MS:135-761). The rules, each with the function it mirrors:
+Mirrors ``MooncakeStoreScheduler`` (MS:135-788). The rules, each with the function it mirrors:
 
 - a normal save covers the lcm floor of the tracked length and is due once that passes the next
   lcm boundary (``ReqMeta.from_request_tracker``, MD:788-865);

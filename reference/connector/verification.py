@@ -2,7 +2,7 @@
 
 DEVIATION (``TailproofConnector`` only): vLLM 0.33's receiver gets values straight into the
 KV cache and fails a load only on a negative per-key code
-(``KVCacheStoreRecvingThread._handle_request``, MW:1123-1323, ``batch_get_into_multi_buffers``
+(``KVCacheStoreRecvingThread._handle_request``, MW:1123-1312, ``batch_get_into_multi_buffers``
 and ``failed``); tailproof verifies every value first (docs/store-format.md, "Verification").
 A value in the reference store is its observation tag; one that is not what its key names is
 a :class:`Corrupt` carrying the first check it fails. The rule, stated once:

@@ -1,7 +1,8 @@
-"""The mutation kit over vLLM 0.33's partial-tail code: every mutant still applies to the
-installed vLLM, mutants live only in their forked child, a stale snippet and a hang are
-reported as such, and a fixed sample of mutants is killed by the corpus (so a drop in the
-suite's strength fails CI)."""
+"""The mutation kit over the installed vLLM's partial-tail code (0.33 or 0.34; ``make test``
+runs both): every mutant still applies to the installed vLLM, as that release reads it,
+mutants live only in their forked child, a stale snippet and a hang are reported as such, and
+a fixed sample of mutants is killed by the corpus (so a drop in the suite's strength fails
+CI)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,12 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("vllm", reason="vLLM 0.33 is not installed in this environment")
+pytest.importorskip("vllm", reason="vLLM (0.33 or 0.34) is not installed in this environment")
 pytestmark = pytest.mark.vllm
 
 from tailproof.conformance.cli.main import main  # noqa: E402
 from tailproof.conformance.harness.corpus import corpus_paths  # noqa: E402
+from tailproof.conformance.harness.releases import installed_release  # noqa: E402
 from tailproof.conformance.tools.mutate.apply import StaleMutant, mutated_source  # noqa: E402
 from tailproof.conformance.tools.mutate.catalog import BP, MUTANTS, Mutant  # noqa: E402
 from tailproof.conformance.tools.mutate.run import (  # noqa: E402
@@ -27,6 +29,7 @@ from tailproof.conformance.tools.mutate.run import (  # noqa: E402
     select,
 )
 from tailproof.conformance.tools.mutate.workload import build_workload  # noqa: E402
+from tailproof.reference.releases import DEFAULT, RELEASES  # noqa: E402
 
 #: The fixed CI sample: every k-th mutant of the catalog (the corpus alone, no generated traces).
 CI_SAMPLE = 16
@@ -42,8 +45,16 @@ def corpus_workload():  # noqa: ANN201
 def test_catalog_applies_to_installed_vllm() -> None:
     assert len(MUTANTS) >= 60
     assert len({m.id for m in MUTANTS}) == len(MUTANTS)
-    assert {m.release for m in MUTANTS} <= {None, "0.34"}
-    for m in select():  # a mutant of another release's rule is not selected (docs/releases.md)
+    assert {m.release for m in MUTANTS} <= set(RELEASES) | {None}
+    for m in MUTANTS:  # variants name a later release, oldest first, and only for any-release
+        releases = [v.release for v in m.variants]
+        assert releases == sorted(set(releases), key=list(RELEASES).index), m.id
+        assert m.release is None or not m.variants, m.id
+        assert DEFAULT not in releases, m.id
+    chosen = select()  # a mutant of another release's rule is not selected (docs/releases.md)
+    assert {m.id for m in chosen} == {m.id for m in MUTANTS
+                                      if m.release in (None, installed_release())}
+    for m in chosen:  # each as the installed release reads it (Mutant.at)
         _, _, _, src = mutated_source(m)  # raises StaleMutant when vLLM moved
         compile(src, m.id, "exec")
         assert m.find != m.replace, m.id

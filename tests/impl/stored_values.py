@@ -27,7 +27,8 @@ LOAD_B = LoadJob(req_id="B", block_ids=CTAB, block_hashes=HASHES, vllm_cached_to
 
 def worker(store: Store, secret: bytes | None = None) -> tuple[WorkerSide, SimRunner]:
     runner = SimRunner(SHAPES, NB)
-    w = WorkerSide(Settings(namespace="verify"), GEO, store, 0, 1, secret=secret)
+    w = WorkerSide(Settings(namespace="verify"), GEO, store, 0, 1, secret=secret,
+                   keep_load_outcomes=True)
     w.register_kv_caches(runner.kv, runner.layer_names)
     return w, runner
 

@@ -48,7 +48,7 @@ class ManagerBackend:
         return [(rid, g, blk, b) for rid, entries in out.items() for g, blk, b in entries]
 
     def preempt(self, rid: str) -> None:
-        """The block side of ``Scheduler._preempt_request`` (SC:1799-1847)."""
+        """The block side of ``Scheduler._preempt_request`` (SC:1799-1843)."""
         req = self.requests[rid]
         self.manager.free(req)
         req.status = self.status.PREEMPTED

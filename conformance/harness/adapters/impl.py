@@ -311,7 +311,7 @@ class ImplConnector(ConnectorAdapter):
         self.workers = []
         for r, runner in enumerate(self.runners):
             ws = WorkerSide(self.settings, geo, self.store, r, n, self.coord, tp_size=n,
-                            manual=True)
+                            manual=True, keep_load_outcomes=True)
             ws.register_kv_caches(runner.kv, runner.layer_names)
             self.workers.append(ws)
         # The workers' threads outlive a trace unless stopped: ``close`` (the driver's, at

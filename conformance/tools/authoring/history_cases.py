@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tailproof.conformance.format.trace import load_trace
+from tailproof.conformance.harness.releases import installed_release
 from tailproof.conformance.tools.history.bugs import BUGS, Bug
 from tailproof.conformance.tools.mutate.apply import apply_mutant
 from tailproof.conformance.tools.mutate.catalog import MUTANTS
@@ -60,15 +61,20 @@ def _fix_52832(doc: dict[str, Any]) -> str:
             "job (snapshot).")
 
 
+def _fix_56615(doc: dict[str, Any]) -> str:
+    _commit_after(doc, "conn_step", "A")
+    return "A's last commit was added after the shrink (so the tail puts read computed bytes)."
+
+
 #: Edits after the shrink, by bug number: each returns the sentence the description gains.
 FIXUPS: dict[str, Callable[[dict[str, Any]], str]] = {
-    "43559": _fix_43559, "51358": _fix_51358, "52832": _fix_52832}
+    "43559": _fix_43559, "51358": _fix_51358, "52832": _fix_52832, "56615": _fix_56615}
 
 
 def _shrunk_under_mutant(bug: Bug, mutant: str, out: Path) -> None:
     """Child: apply ``mutant``, shrink the bug's seed case, write the small trace."""
     assert bug.seed_case and bug.case
-    apply_mutant(BY_ID[mutant])
+    apply_mutant(BY_ID[mutant].at(installed_release()))
     trace = load_trace(CASES / f"{bug.seed_case}.json")
     # impl (TailproofConnector) joins connector traces, so the small trace stays one impl runs
     # too (its engine simulation checks the bytes every put reads).

@@ -183,6 +183,26 @@ def decode_checkpoint_stored() -> Case:
     return c
 
 
+def hist_56972_decode_checkpoint_stored() -> Case:
+    c = Case("hist_56972_decode_checkpoint_stored_v034",
+             "vllm#56972 (fixed in vLLM 0.34; 0.33 has it, hist_56972_decode_mamba_state_not_"
+             "stored): with save_decode_cache on, a 12-token producer prompt prefilled in one "
+             "step decodes to 16; the core offers the aligned Mamba state at 16, past "
+             "prefill_end 12, and MooncakeStoreScheduler._handle_boundary_state_offloads "
+             "claims it: the decode conn_step's job puts it (kills "
+             "ms-034-56972-decode-checkpoint-dropped, which reverts the fix) and B, A's 16 "
+             "tokens plus 4, hits 16 from the store for both groups.",
+             config(G16, 4, save_decode_cache=True), MOONCAKE)
+    c.add("A", [rng(0, 12)])
+    c.step(admit=("A",), n={"A": 12})
+    c.op("append_output", rid="A", tokens=[rng(40, 44)])
+    c.step(run=("A",), n={"A": 4})
+    c.op("worker_run")
+    c.add("B", [of("A", 12), rng(40, 44), rng(60, 64)])
+    c.op("store_lookup", rid="B")
+    return c
+
+
 def consumer_decode_checkpoints_only() -> Case:
     c = Case("conn_v034_consumer_decode_checkpoints_only",
              "vLLM 0.34's consumer rule (MooncakeStoreScheduler._handle_boundary_state_offloads, "
@@ -246,7 +266,8 @@ def _counterparts() -> list[Callable[[], Case]]:
 
 ALL: list[Callable[[], Case]] = [
     *_counterparts(), resumed_before_running, missing_source_retried, decode_checkpoint_stored,
-    consumer_decode_checkpoints_only, snapshot_order_resumed_first,
+    hist_56972_decode_checkpoint_stored, consumer_decode_checkpoints_only,
+    snapshot_order_resumed_first,
 ]
 
 

@@ -1,19 +1,39 @@
-"""One entry per upstream bug of the partial-tail / hybrid-prefix-cache path (issue 21).
+"""One entry per upstream bug of the partial-tail / hybrid-prefix-cache path (issue 21), and
+the bugs tailproof found itself (``FOUND_HERE``).
 
-Each entry states the bug in the project's vocabulary, names the vLLM 0.33 code it touches and
-its status against the installed 0.33.0 source (checked by reading that source, not the PR
-text): ``fixed`` (the fix is in 0.33: ``mutants`` re-introduce it the way the PR diff
-describes and ``case`` kills them with the corpus alone), ``present`` (0.33 still has it:
-``finding`` names the detector that reports it, ``conformance/tools/history/findings.py``) or
-``not_applicable`` (``reason`` says why no trace or mutant of vLLM 0.33 can carry it).
+Each entry states the bug in the project's vocabulary, names the vLLM code it touches and its
+status against each supported release's source (checked by reading that source, not the PR
+text). The entry's own fields are its vLLM 0.33 column; ``later`` lists what a later release
+changed (``Bug.at`` gives the entry as of a release). A status is ``fixed`` (the fix is in the
+release: ``mutants`` re-introduce it the way the PR diff describes and ``case`` kills them with
+the corpus alone), ``present`` (the release still has it: ``finding`` names the detector that
+reports it, ``conformance/tools/history/findings.py``) or ``not_applicable`` (``reason`` says
+why no trace or mutant of that release can carry it).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 FIXED, PRESENT, NOT_APPLICABLE = "fixed", "present", "not_applicable"
 STATUSES = (FIXED, PRESENT, NOT_APPLICABLE)
+#: The releases the history has a column for, oldest first; an entry's own fields are the first.
+RELEASES = ("0.33", "0.34")
+#: ``Bug.listed`` of a bug tailproof found (not in issue 21, not yet reported upstream).
+FOUND_HERE = "found by tailproof"
+
+
+@dataclass(frozen=True)
+class Later:
+    """A bug's entry from ``release`` on, where it differs from the release before: the
+    status with its evidence (the fields as in ``Bug``; the entry's others stay)."""
+
+    release: str
+    status: str
+    reason: str
+    mutants: tuple[str, ...] = ()
+    case: str | None = None
+    finding: str | None = None
 
 
 @dataclass(frozen=True)
@@ -30,10 +50,24 @@ class Bug:
     finding: str | None = None  # detector id in findings.py (present bugs)
     avoided_by: str | None = None  # where TailproofConnector avoids it (test or case)
     output_only: str | None = None  # where it shows only in outputs (real-engine suite)
+    later: tuple[Later, ...] = ()  # what later releases changed, oldest first
 
     @property
     def number(self) -> str:
         return self.ref.split("#", 1)[1]
+
+    def at(self, release: str | None) -> Bug:
+        """The entry as of ``release`` (None or an unknown one: the first release's): the
+        last ``later`` change at or before it applied."""
+        if release not in RELEASES:
+            return self
+        entry = self
+        for change in self.later:
+            if RELEASES.index(change.release) <= RELEASES.index(release):
+                entry = replace(entry, status=change.status, reason=change.reason,
+                                mutants=change.mutants, case=change.case,
+                                finding=change.finding, seed_case=None)
+        return entry
 
 
 _MS = "distributed/kv_transfer/kv_connector/v1/mooncake/store"
@@ -154,7 +188,8 @@ BUGS: list[Bug] = [
         FIXED, "0.33 already puts the FA tail up to the proof end B+H and the Mamba tail at B "
         "(conn_eagle_tail_puts_proof_margin: FA key 48, Mamba 44, consumer hit 44); "
         "mw-tail-key-skips-next mutates the proof-key search.",
-        mutants=("mw-tail-key-skips-next",), case="conn_eagle_tail_puts_proof_margin"),
+        mutants=("mw-tail-key-skips-next",), case="hist_56615_eagle_tail_found_at_proof_key",
+        seed_case="conn_eagle_tail_puts_proof_margin"),
     Bug("vllm#56972", "open upstream",
         "Decode-phase Mamba states are never stored: the store scheduler drops every boundary "
         "hand-off past prefill_end (and kv_consumer skips them all), so a continuation prompt "
@@ -165,7 +200,15 @@ BUGS: list[Bug] = [
         "the connector creates no job.",
         case="hist_56972_decode_mamba_state_not_stored", finding="decode_boundary_dropped",
         avoided_by="tests/conformance/test_history.py::test_56972_side_by_side "
-                   "(decode_boundary_saves, conn_x07_decode_boundary_saved)"),
+                   "(decode_boundary_saves, conn_x07_decode_boundary_saved)",
+        later=(Later("0.34", FIXED,
+                     "0.34 calls _handle_boundary_state_offloads when not is_consumer or "
+                     "save_decode_cache, and with save_decode_cache keeps a boundary past "
+                     "prefill_end_tokens (a consumer keeps only those); __init__ sets the "
+                     "retention interval to the block size so the core offers them. "
+                     "ms-034-56972-decode-checkpoint-dropped reverts the fix.",
+                     mutants=("ms-034-56972-decode-checkpoint-dropped",),
+                     case="hist_56972_decode_checkpoint_stored_v034"),)),
     Bug("vllm#56971", "open upstream",
         "Store keys ignore dtype, quantization and layout: an fp16 engine's blocks load into "
         "an fp8 or differently quantized engine under the same key.",
@@ -185,7 +228,8 @@ BUGS: list[Bug] = [
         "block-floored (or exact with enable_mamba_shared_prefix_checkpoint + EAGLE): "
         "core_j01_junction_off_grid_flag_off resumes at 4 for a junction at 6. A shared "
         "prefix shorter than one Mamba block still floors to 0 (by design of the grid).",
-        mutants=("sc-junction-block-ceil",), case="core_j01_junction_off_grid_flag_off"),
+        mutants=("sc-junction-block-ceil",), case="hist_45238_junction_stop_block_floored",
+        seed_case="core_j01_junction_off_grid_flag_off"),
     Bug("vllm#56142", "open upstream",
         "With separate target and draft full-attention groups, the shared-prefix checkpoint "
         "(junction) is the longest single-group hit (96 for hits 96/80/80) instead of being "
@@ -224,6 +268,30 @@ BUGS: list[Bug] = [
         "v1/core/sched/scheduler.py (external prefix cache stats)",
         NOT_APPLICABLE, "a metrics bug: traces do not carry skip_reading_prefix_cache "
         "requests or the stats counters."),
+    # --- found by tailproof (docs/triage.md), not yet reported upstream ------------------------
+    Bug("tailproof#forced-preemption", FOUND_HERE,
+        "Scheduler.reset_prefix_cache(reset_running_requests=True) preempts the running "
+        "requests outside schedule(); the next schedule() re-admits them and reports them "
+        "preempted in the same SchedulerOutput, and MooncakeStoreScheduler.build_connector_meta "
+        "drops a preempted request's state before it handles the step's admissions: an "
+        "asynchronous load is never issued (the request waits in WAITING_FOR_REMOTE_KVS "
+        "forever), and a synchronous re-admission finds no state to resume from.",
+        "v1/core/sched/scheduler.py:Scheduler.reset_prefix_cache; "
+        f"{_MS}/scheduler.py:MooncakeStoreScheduler.build_connector_meta",
+        PRESENT, "0.33 pops the preempted request's load spec and resets its tracker first "
+        "(the async load is lost: a hang); a synchronous re-admission then raises, TypeError "
+        "in the resumed branch under Model Runner V1 (request_tuple is None) and the "
+        "_unfinished_requests assert under Model Runner V2 (a resumed request is a new one).",
+        finding="forced_preemption_stalls",
+        avoided_by="tests/impl/test_vllm_scheduler.py::test_reset_with_running_requests_"
+                   "finishes_them (TailproofConnector's re-admission rule, "
+                   "impl/scheduler_side.py)",
+        later=(Later("0.34", PRESENT,
+                     "0.34's build_connector_meta still pops the preempted request's load spec "
+                     "and tracker first (the async load is lost: a hang), and with every "
+                     "resumed request now a new one, a synchronous re-admission fails the "
+                     "_unfinished_requests assert under every model runner (the crash "
+                     "variant).", finding="forced_preemption_stalls"),)),
 ]
 
 

@@ -1,10 +1,11 @@
-"""Findings about vLLM 0.33 from its open upstream bugs: reported, never failures.
+"""Findings about the installed vLLM from its open upstream bugs: reported, never failures.
 
-A trace detector reads one replayed case's observations (vLLM's, or the reference's, which
-mirrors vLLM) and reports where the bug shows; ``check`` and ``replay`` add one finding per bug
-to the report's ``findings`` (``result: "counterexample"`` with the first witness and a count,
-never a change of exit status). A static detector inspects the installed vLLM itself (``check``
-only). Each detector cites the vLLM 0.33 rule it watches.
+A trace detector reads one replayed case's observations (vLLM's, or the reference's where they
+stand for the installed release) and reports where the bug shows; ``check`` and ``replay`` add
+one finding per bug to the report's ``findings`` (``result: "counterexample"`` with the first
+witness and a count, never a change of exit status). A static detector inspects the installed
+vLLM itself (``check`` only); an engine detector runs its ``Scheduler`` (``engine.py``,
+``tailproof history`` only). Each detector cites the vLLM rule it watches.
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ from typing import Any, TextIO
 
 from tailproof.conformance.format.tokens import expand
 from tailproof.conformance.harness.adapters import refusal
+from tailproof.conformance.harness.releases import ReleaseGate, installed_release
 from tailproof.conformance.tools.history.bugs import by_ref
 
 Witness = tuple[int, str]  # (op index, message)
 Obs = list[dict[str, Any] | None]
 
-#: Adapters whose observations speak for vLLM 0.33, most direct first.
+#: Adapters whose observations speak for the installed vLLM, most direct first.
 VLLM_VOICES = ("vllm-mooncake", "vllm", "reference")
 
 
@@ -143,19 +145,37 @@ def _finding(fid: str, ref: str, invariant: str, witnesses: list[tuple[str, str,
             "witnesses": len(witnesses)}
 
 
+def _ran(r: Any, adapter: str) -> bool:
+    obs = r.observations.get(adapter)
+    return bool(obs) and any(o is not None for o in obs)
+
+
+def _other_release(r: Any) -> bool:
+    """Whether the reference's observations of ``r`` are not the installed vLLM's: it follows
+    the trace's release, and the installed one observes the trace differently
+    (``ReleaseGate``; a vLLM-backed adapter refuses such a trace and leaves no voice)."""
+    installed = installed_release()
+    return (installed is not None and r.trace.config.vllm != installed
+            and ReleaseGate(r.trace, installed).first_difference() is not None)
+
+
 def trace_findings(results: Iterable[Any]) -> list[dict[str, Any]]:
-    """One finding per open bug some replayed case exhibits (``CaseResult`` objects)."""
+    """One finding per open bug some replayed case exhibits (``CaseResult`` objects), as the
+    installed vLLM observes it."""
     found: dict[str, list[tuple[str, str, int, str]]] = {}
 
     for r in results:
-        voice = next((a for a in VLLM_VOICES if r.observations.get(a)), None)
+        voice = next((a for a in VLLM_VOICES if _ran(r, a)), None)
         # The reference models the TailproofConnector extension where a trace turns it on
         # (the vLLM adapters refuse such traces): it speaks for vLLM only elsewhere.
         if voice is None or refusal("vllm-mooncake", r.trace.config) is not None:
             continue
         ops = r.trace.raw.get("ops", [])
         for fid, (_ref, _inv, detect) in TRACE_DETECTORS.items():
-            for i, msg in detect(ops, r.observations[voice], r.trace.raw["config"]):
+            witnesses = detect(ops, r.observations[voice], r.trace.raw["config"])
+            if witnesses and voice == "reference" and _other_release(r):
+                continue
+            for i, msg in witnesses:
                 found.setdefault(fid, []).append((r.trace.name, voice, i, msg))
     return [_finding(fid, TRACE_DETECTORS[fid][0], TRACE_DETECTORS[fid][1], ws)
             for fid, ws in found.items()]
@@ -171,12 +191,37 @@ def static_findings() -> list[dict[str, Any]]:
     return out
 
 
+def _forced_preemption_stalls() -> list[Witness]:
+    from tailproof.conformance.tools.history.engine import (  # deferred: runs vLLM
+        forced_preemption_stalls,
+    )
+
+    return forced_preemption_stalls()
+
+
+#: Engine detectors: finding id -> (bug ref, invariant name, detector).
+ENGINE_DETECTORS: dict[str, tuple[str, str, Callable[[], list[Witness]]]] = {
+    "forced_preemption_stalls": ("tailproof#forced-preemption", "readmitted_request_is_served",
+                                 _forced_preemption_stalls),
+}
+
+
+def engine_finding(fid: str) -> dict[str, Any] | None:
+    """Run one engine detector; its finding, None when the bug does not show."""
+    ref, inv, detect = ENGINE_DETECTORS[fid]
+    ws = detect()
+    if not ws:
+        return None
+    return {**_finding(fid, ref, inv, [("", "", i, m) for i, m in ws]),
+            "message": "; ".join(m for _, m in ws)}  # every variant: each is the finding
+
+
 def print_findings(findings: list[dict[str, Any]], out: TextIO) -> None:
     """The history findings in text form (they never change the exit status)."""
     mine = [f for f in findings if f.get("source") == "history"]
     if not mine:
         return
-    print("findings about vLLM 0.33 (open upstream bugs; not failures, exit status "
-          "unchanged):", file=out)
+    print(f"findings about vLLM {installed_release() or '(none installed)'} (open upstream "
+          "bugs; not failures, exit status unchanged):", file=out)
     for f in mine:
         print(f"  {f['name']}: {f['message']}", file=out)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from tailproof.conformance.harness.releases import installed_release
 from tailproof.conformance.tools.history.bugs import BUGS, Bug
 from tailproof.conformance.tools.mutate.catalog import MUTANTS
 from tailproof.conformance.tools.mutate.run import KILLED, run_mutants
@@ -42,7 +43,8 @@ def verify_bug(bug: Bug, jobs: int = 2, timeout_s: float = 120.0) -> dict[str, d
     if not workload.jobs:
         return {m: {"status": "not_run", "detail": "the case does not match unmutated vLLM"}
                 for m in bug.mutants}
-    report = run_mutants([BY_ID[m] for m in bug.mutants], workload, jobs=jobs,
+    release = installed_release()
+    report = run_mutants([BY_ID[m].at(release) for m in bug.mutants], workload, jobs=jobs,
                          timeout_s=timeout_s)
     out: dict[str, dict[str, Any]] = {}
     for r in report.results:

@@ -11,11 +11,16 @@ A mutant that cannot change behaviour carries the reason in ``equivalent``; it i
 not scored. A mutant of one release's rule (``release``, docs/releases.md) runs only where that
 release is installed; the 0.34 rules' mutants edit vLLM 0.34's code, or the reference where the
 rule is decided by code the adapters stand in for (``Scheduler.schedule``'s request order).
+Where a later release moved or reworded the code a mutant edits, the same bug is written
+again for it (``variants``: its function and snippet there); ``Mutant.at`` gives the mutant
+as the installed release reads it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+from tailproof.reference.releases import RELEASES
 
 BP = "vllm.v1.core.block_pool"
 KU = "vllm.v1.core.kv_cache_utils"
@@ -46,6 +51,20 @@ def module_label(module: str) -> str:
 
 
 @dataclass(frozen=True)
+class Variant:
+    """A mutant's edit from ``release`` on, where that release moved or reworded the code it
+    edits: the same bug, written against that release's source (``module`` and ``qualname``
+    unset: the mutant's own)."""
+
+    release: str
+    find: str
+    replace: str
+    module: str | None = None
+    qualname: str | None = None
+    count: int = 1
+
+
+@dataclass(frozen=True)
 class Mutant:
     id: str
     module: str
@@ -57,6 +76,18 @@ class Mutant:
     upstream: str | None = None
     equivalent: str | None = None
     release: str | None = None  # the vLLM release whose rule it breaks; None: any
+    variants: tuple[Variant, ...] = ()  # its edit in later releases, oldest first
+
+    def at(self, release: str | None) -> Mutant:
+        """The mutant as ``release`` reads it: the last variant at or before it (None, or a
+        release before every variant: the mutant's own edit, vLLM 0.33's)."""
+        order = list(RELEASES)
+        m = self
+        for v in self.variants:
+            if release in order and order.index(v.release) <= order.index(release):
+                m = replace(m, find=v.find, replace=v.replace, count=v.count,
+                            module=v.module or m.module, qualname=v.qualname or m.qualname)
+        return m
 
     @property
     def connector_only(self) -> bool:
@@ -79,7 +110,11 @@ MUTANTS: list[Mutant] = [
     _m("bp-free-unhashed-to-lru-tail", BP, "BlockPool.free_blocks",
        "if block.block_hash is None or not self.enable_caching:",
        "if block.block_hash is None and not self.enable_caching:",
-       "freed unhashed blocks join the LRU tail instead of the front (reuse order)"),
+       "freed unhashed blocks join the LRU tail instead of the front (reuse order)",
+       variants=(Variant("0.34",  # the condition gained `or evict_first`
+                         "if block.block_hash is None or not self.enable_caching or evict_first:",
+                         "if block.block_hash is None and not self.enable_caching or evict_first:"
+                         ),)),
     _m("bp-free-lru-reversed", BP, "BlockPool.free_blocks",
        "self.free_block_queue.append_n(blocks_to_evict_last)",
        "self.free_block_queue.append_n(blocks_to_evict_last[::-1])",
@@ -95,7 +130,9 @@ MUTANTS: list[Mutant] = [
        "a hit block is referenced but stays in the free queue (evictable while in use)"),
     _m("bp-reuse-keeps-keys", BP, "BlockPool.get_new_blocks",
        "self._maybe_evict_cached_block(block)", "pass",
-       "a reused block keeps its prefix-cache keys (key left mapped after eviction)"),
+       "a reused block keeps its prefix-cache keys (key left mapped after eviction)",
+       # 0.34 calls it on two paths (with and without a metrics collector): both edited
+       variants=(Variant("0.34", "self._maybe_evict_cached_block(block)", "pass", count=2),)),
     _m("bp-evict-keeps-secondary-keys", BP, "BlockPool._remove_cached_block_hashes",
        "block_hashes.extend(self.cached_block_hashes_by_block.pop(block.block_id, ()))",
        "self.cached_block_hashes_by_block.pop(block.block_id, ())",
@@ -131,10 +168,16 @@ MUTANTS: list[Mutant] = [
        "explicit eviction skips blocks still referenced (their keys stay)"),
     _m("bp-duplicate-key-newest", BP, "BlockHashToBlockMap.get_one_block",
        "return next(iter(blocks.values()))", "return list(blocks.values())[-1]",
-       "a key with duplicate blocks hits the newest block instead of the first"),
+       "a key with duplicate blocks hits the newest block instead of the first",
+       # 0.34's map holds block ids: the first under `_cache`, all of them in `_dup_ids`
+       variants=(Variant("0.34", "block_id = self._cache.get(key)",
+                         "block_id = (next(reversed(self._dup_ids[key])) "
+                         "if key in self._dup_ids else self._cache.get(key))"),)),
     _m("bp-pop-drops-duplicates", BP, "BlockHashToBlockMap.pop",
        "if len(blocks) > 0:", "if len(blocks) > 1:",
-       "removing one of two blocks under a key drops the key for the other too"),
+       "removing one of two blocks under a key drops the key for the other too",
+       variants=(Variant("0.34", "del self._dup_ids[key]",
+                         "del self._dup_ids[key], self._cache[key]"),)),
     # --- hashing (kv_cache_utils) ------------------------------------------------------------
     _m("ku-hash-not-chained", KU, "hash_block_tokens",
        "if not parent_block_hash:\n        parent_block_hash = NONE_HASH",
@@ -383,7 +426,12 @@ MUTANTS: list[Mutant] = [
     _m("km-hit-covers-last-token", KM, "KVCacheManager.get_computed_blocks",
        "max_cache_hit_length = request.num_tokens - 1",
        "max_cache_hit_length = request.num_tokens",
-       "a full prefix hit leaves no token to recompute for logits"),
+       "a full prefix hit leaves no token to recompute for logits",
+       # 0.34 takes the bound from Request.get_max_cache_hit_length
+       variants=(Variant("0.34",
+                         "limits = (self.num_tokens - 1, self.prefix_cache_hit_limit, bound)",
+                         "limits = (self.num_tokens, self.prefix_cache_hit_limit, bound)",
+                         module=RQ, qualname="Request.get_max_cache_hit_length"),)),
     _m("km-skip-ignores-in-flight", KM, "KVCacheManager.allocate_slots",
        "max(0, total_computed_tokens - request.num_in_flight_tokens),",
        "total_computed_tokens,",
@@ -435,7 +483,8 @@ MUTANTS: list[Mutant] = [
     _m("sc-junction-block-ceil", SC, "Scheduler._mamba_block_aligned_split",
        "block_floored = start + (junction - start) // block_size * block_size",
        "block_floored = start + -(-(junction - start) // block_size) * block_size",
-       "a sub-block shared-prefix junction stops the chunk at the next block, past it"),
+       "a sub-block shared-prefix junction stops the chunk at the next block, past it",
+       upstream="#45238 (align checkpoint in request-unique tokens: shared-prefix junction)"),
     # --- Mooncake store scheduler ------------------------------------------------------------
     _m("ms-tail-puts-no-margin", MS, "_partial_tail_non_mamba_puts",
        "proof_end = boundary + coord.eagle_proof_margin_by_group.get(group_id, 0)",
@@ -467,11 +516,16 @@ MUTANTS: list[Mutant] = [
     _m("ms-lookup-coarse-floor", MS, "MooncakeStoreScheduler.get_num_new_matched_tokens",
        "self._hash_block_size if self.enable_partial_hash_hits else self._block_size",
        "self._block_size",
-       "prompts shorter than one lcm block are never looked up, even with partial hits"),
+       "prompts shorter than one lcm block are never looked up, even with partial hits",
+       variants=(Variant("0.34", "self._hash_block_size if self.enable_partial_hash_hits "
+                         "else self._block_size", "self._block_size",
+                         qualname="MooncakeStoreScheduler._lookup_align"),)),
     _m("ms-claims-decode-boundary", MS, "MooncakeStoreScheduler._handle_boundary_state_offloads",
        "if boundary_tokens > tracker.prefill_end_tokens:",
        "if boundary_tokens > tracker.prefill_end_tokens + 10**9:",
-       "decode-time Mamba snapshots are claimed and pinned"),
+       "decode-time Mamba snapshots are claimed and pinned (0.34: without save_decode_cache)",
+       variants=(Variant("0.34", "if is_decode_boundary and not self.save_decode_cache:",
+                         "if False:"),)),
     _m("ms-handoff-null-accepted", MS, "MooncakeStoreScheduler._handle_boundary_state_offloads",
        "if block_id == NULL_BLOCK_ID:\n                continue", "pass",
        "a hand-off naming the null block is accepted"),
@@ -509,10 +563,13 @@ MUTANTS: list[Mutant] = [
        "a finish-time tail is queued but not pinned before the request's blocks are freed"),
     _m("ms-preempt-keeps-tracker", MS, "MooncakeStoreScheduler.build_connector_meta",
        "request_tracker.reset()", "pass",
-       "a preempted request keeps its save tracker"),
+       "a preempted request keeps its save tracker (0.34 pops it instead: "
+       "ms-034-preempt-keeps-tracker)", release="0.33"),
     _m("ms-consumer-claims", MS, "MooncakeStoreScheduler.build_connector_meta",
        "and not is_consumer\n    ):", "\n    ):",
-       "a consumer claims and pins boundary-state hand-offs"),
+       "a consumer claims and pins boundary-state hand-offs (0.34 decides it per boundary "
+       "inside _handle_boundary_state_offloads: ms-034-consumer-stores-prompt-boundary)",
+       release="0.33"),
     _m("ms-saves-decode", MS, "MooncakeStoreScheduler.build_connector_meta",
        "if is_decode and not self.save_decode_cache:", "if False:",
        "decode steps emit normal saves without save_decode_cache"),
@@ -572,17 +629,25 @@ MUTANTS: list[Mutant] = [
        "a normal save reads a null source block"),
     _m("mw-partial-failure-advances", MW, "KVCacheStoreSendingThread._handle_request",
        "if not put_had_exception and not failed_indices:", "if not put_had_exception:",
-       "a partially failed normal save advances the resume offset"),
+       "a partially failed normal save advances the resume offset",
+       variants=(Variant("0.34", "    and not failed_indices\n", ""),)),
     _m("mw-finished-retired-early", MW, "MooncakeStoreWorker._close_ended_store_requests",
        "if self.kv_send_thread.stored_requests.get(req_id):", "if False:",
-       "a finished request's ledger is deleted while its jobs are queued"),
+       "a finished request's ledger is deleted while its jobs are queued",
+       variants=(Variant("0.34", "req_id in pending_save_req_ids\n"
+                         "            or self.kv_send_thread.stored_requests.get(req_id)",
+                         "False"),)),
     _m("mw-lookup-full-hit-kept", MW, "MooncakeStoreWorker.lookup",
        "if hit_length >= num_tokens:", "if hit_length > num_tokens:",
-       "a store hit covering the whole request is not re-derived below its end"),
+       "a store hit covering the whole request is not re-derived below its end",
+       variants=(Variant("0.34", "if hit_length >= num_tokens:", "if hit_length > num_tokens:",
+                         qualname="MooncakeStoreWorker._longest_hit"),)),
     _m("mw-lookup-any-rank", MW, "MooncakeStoreWorker.lookup",
        "if all(res[pos + j] == 1 for j in range(count)):",
        "if any(res[pos + j] == 1 for j in range(count)):",
-       "a key counts as present when any rank's shard is"),
+       "a key counts as present when any rank's shard is",
+       variants=(Variant("0.34", "present = all(res[pos + j] == 1 for j in range(count))",
+                         "present = any(res[pos + j] == 1 for j in range(count))"),)),
     _m("mw-50359-tail-key-at-hit", MW, "MooncakeStoreWorker._tail_key_boundaries",
        "if not contains_hit_boundary:\n            next_chunk_hash_idx", "if False:\n"
        "            next_chunk_hash_idx",
@@ -592,7 +657,8 @@ MUTANTS: list[Mutant] = [
     _m("mw-tail-key-skips-next", MW, "MooncakeStoreWorker._tail_key_boundaries",
        "for hash_idx in range(hit_boundary_hash_idx + 1, next_chunk_hash_idx):",
        "for hash_idx in range(hit_boundary_hash_idx + 2, next_chunk_hash_idx):",
-       "the tail key search skips the first boundary after the hit (EAGLE proof key)"),
+       "the tail key search skips the first boundary after the hit (EAGLE proof key)",
+       upstream="#56615 (EAGLE tail stored at B missed by the B+H attention probe)"),
     # --- vLLM 0.34's rules (docs/releases.md) ---------------------------------------------------
     _m("ms-034-56972-decode-checkpoint-dropped", MS,
        "MooncakeStoreScheduler._handle_boundary_state_offloads",
@@ -620,6 +686,24 @@ MUTANTS: list[Mutant] = [
        "a save that skipped a missing source block still advances the offset (and clears "
        "the pressure gate): the skipped range is never retried",
        release="0.34"),
+    _m("mw-034-offset-takes-min", MW, "KVCacheStoreSendingThread._record_saved_offset",
+       "= max(", "= min(",
+       "the resume offset keeps the smaller of the old and the new one: it never moves "
+       "forward, and every job saves again from the start",
+       release="0.34"),
+    _m("mw-034-offset-overwritten", MW, "KVCacheStoreSendingThread._record_saved_offset",
+       "self._saved_offset.get(req_meta.req_id, 0), offset", "offset, offset",
+       "the resume offset is overwritten with the job's length instead of only moving forward",
+       release="0.34",
+       equivalent="_handle_request returns before any save when the job's checkpoint is at "
+                  "or below the offset, so a recorded length is never below it: max() "
+                  "guards nothing a single sending thread can reach"),
+    _m("mw-034-deduped-save-ignores-missing-source", MW,
+       "KVCacheStoreSendingThread._handle_request",
+       "save_completed = not missing_source_blocks", "save_completed = True",
+       "a save whose keys were all stored already (or that had none to put) counts as "
+       "complete though a source block was missing: the offset moves past the gap",
+       count=2, release="0.34"),
     _m("rq-034-bound-unclamped", RQ, "Request.get_max_cache_hit_length",
        "limits = (self.num_tokens - 1, self.prefix_cache_hit_limit, bound)",
        "limits = (self.num_tokens - 1 if bound is None else None, "

@@ -96,11 +96,12 @@ def select(module: str | None = None, sample: int | None = None,
            ids: list[str] | None = None) -> list[Mutant]:
     """The catalog filtered by module label (substring), ids, and a fixed sample: every
     k-th mutant in catalog order, so the same sample is drawn every run. A mutant of one
-    release's rule is left out unless that release is installed."""
+    release's rule is left out unless that release is installed; each is written as the
+    installed release reads it (``Mutant.at``)."""
     release = installed_release()
-    chosen = [m for m in MUTANTS
-              if (module is None or module in module_label(m.module))
-              and (not ids or m.id in ids) and m.release in (None, release)]
+    chosen = [m.at(release) for m in MUTANTS
+              if m.release in (None, release) and (not ids or m.id in ids)]
+    chosen = [m for m in chosen if module is None or module in module_label(m.module)]
     if sample is not None and 0 < sample < len(chosen):
         step = len(chosen) / sample
         chosen = [chosen[int(i * step)] for i in range(sample)]
