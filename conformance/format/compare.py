@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
-# Observation fields whose values are (lists of) block ids, and how ids sit inside them.
-_ID_FIELDS = {"blocks", "new", "retained", "free_queue", "evicted", "block", "src", "dst",
-              "copies", "pinned", "pins", "released"}
-_PAIR_FIRST = {"refcounts"}  # [[id, ref], ...]
-_TRIPLE_LAST = {"keys"}  # [[group, boundary, id], ...]
+from tailproof.conformance.format.ops import OPS
+
+# Observation fields whose values are (lists of) block ids, and how ids sit inside them: the
+# union over the op declarations (``ops.Op.ids``, ``id_pairs``, ``id_triples``), at any depth.
+_ID_FIELDS = frozenset().union(*(op.ids for op in OPS.values()))
+_PAIR_FIRST = frozenset().union(*(op.id_pairs for op in OPS.values()))  # [[id, ref], ...]
+_TRIPLE_LAST = frozenset().union(*(op.id_triples for op in OPS.values()))  # [[g, b, id], ...]
 
 
 class Renamer:

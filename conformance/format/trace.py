@@ -231,33 +231,6 @@ def _validate_connector(doc: Any, source: str) -> dict[str, Any]:
         raise _err(source, "config.connector", str(e)) from None
 
 
-def _check_field(kind: str, v: Any) -> str | None:
-    """Return a problem description, or None when ``v`` fits ``kind``."""
-    if kind in (opspec.RID, opspec.NEW_RID):
-        return None if isinstance(v, str) and v else "must be a non-empty string"
-    if kind == opspec.NAT:
-        return None if _is_int(v) and v >= 0 else f"must be an int >= 0, got {v!r}"
-    if kind == opspec.POS:
-        return None if _is_int(v) and v >= 1 else f"must be an int >= 1, got {v!r}"
-    if kind == opspec.NAT_OR_NULL:
-        ok = v is None or (_is_int(v) and v >= 0)
-        return None if ok else f"must be null or an int >= 0, got {v!r}"
-    if kind == opspec.NAT_OR_PLAN:
-        ok = v == "plan" or (_is_int(v) and v >= 0)
-        return None if ok else f"must be an int >= 0 or \"plan\", got {v!r}"
-    if kind == opspec.BOOL:
-        return None if isinstance(v, bool) else "must be a bool"
-    if kind == opspec.IDS:
-        ok = v is None or (isinstance(v, list) and all(_is_int(x) and x >= 0 for x in v))
-        return None if ok else "must be a list of block ids"
-    if kind == opspec.KEYS:
-        ok = v is None or (isinstance(v, list) and all(
-            isinstance(k, list) and len(k) == 2 and all(_is_int(x) and x >= 0 for x in k)
-            for k in v))
-        return None if ok else "must be a list of [group, boundary]"
-    return None  # TOKENS are checked by expand(); ANY by the op's owner
-
-
 class OpReader:
     """Validates and normalises a trace's ops one at a time, in order, tracking the requests
     they name; the loader reads a whole trace with it, a lockstep run one op as it is written."""
@@ -299,7 +272,7 @@ class OpReader:
         return norm
 
     def _field(self, where: str, kind: str, v: Any) -> Any:
-        problem = _check_field(kind, v)
+        problem = opspec.field_problem(kind, v)
         if problem:
             raise _err(self.source, where, problem)
         if kind == opspec.RID and v not in self.known:

@@ -27,6 +27,9 @@ class AdapterSpec:
     takes_options: bool = False  # whether make_driver's ``options`` reach its connector
     # whether it runs the turn-end checkpoint extension (docs/reuse.md); vLLM 0.33 does not
     runs_extension: bool = True
+    # Without a connector: why it runs none of the connector ops (replays observe nothing of
+    # them on this adapter and list them as unsupported).
+    refuses_connector_ops: str = ""
 
 
 ADAPTERS: dict[str, AdapterSpec] = {a.name: a for a in [
@@ -34,7 +37,9 @@ ADAPTERS: dict[str, AdapterSpec] = {a.name: a for a in [
                 "tailproof.conformance.harness.adapters.reference_connector:ReferenceConnector",
                 "pure-Python reference model (core + connector)"),
     AdapterSpec("vllm", _VLLM_CORE, None, "vLLM KVCacheManager, 0.33 or 0.34 (core ops only)",
-                runs_extension=False),
+                runs_extension=False,
+                refuses_connector_ops="vLLM's KVCacheManager alone: no KV connector to run "
+                                      "them on (vllm-mooncake adds vLLM's own)"),
     AdapterSpec("vllm-mooncake", _VLLM_CORE,
                 "tailproof.conformance.harness.adapters.vllm_mooncake:VllmMooncakeConnector",
                 "vLLM KVCacheManager + MooncakeStoreScheduler + sending thread",
