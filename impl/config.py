@@ -21,7 +21,9 @@ tests without a ``VllmConfig``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from tailproof.spec.arithmetic import eagle_proof_margin, lcm_all
@@ -39,57 +41,125 @@ class ConfigError(ValueError):
         super().__init__(f"invalid TailproofConnector configuration:\n{lines}")
 
 
+MAX_CHECKPOINT_SLOTS = 4096
+MAX_THREADS = 8  # data-plane threads per kind: copies are memory-bound, more only contend
+#: bounds of the per-worker queue and of one store batch: far above any engine's need (a
+#: step queues at most one job per scheduled request), low enough that a typo (2^40) fails
+#: at start-up instead of sizing a deque or a key list by it
+MAX_QUEUED_JOBS = 1 << 16
+MAX_PUT_BATCH = 1 << 16
+MAX_JUNCTION_INDEX_BLOCKS = 1 << 24
+
+
+@dataclass(frozen=True)
+class Key:
+    """How one ``kv_connector_extra_config`` key is read: the table :class:`Settings` declares,
+    from which :func:`parse_settings` validates (one line per problem, naming the key) and
+    ``tests/impl/test_config.py`` checks docs/deploy.md's "Flags" table.
+
+    ``kind``: ``bool``, ``int``, ``str``, ``choice`` (one of ``choices``), ``part`` (a reuse
+    extension part: a bool or "auto", read as None), ``size`` (bytes: 67108864, "64MB", ...),
+    ``fraction`` (a number in (0, 1], or null). Bounds of an ``int``: ``low``..``high``, said
+    as ``bounds``: "positive" (>= 1, then at most ``high``), "range" (in low..high) or "min"
+    (>= low). ``rule``: one more check of a string value. ``shown``: the default as the docs
+    show it, where it is not the value's JSON."""
+
+    kind: str
+    doc: str
+    low: int | None = None
+    high: int | None = None
+    bounds: str = ""
+    choices: tuple[str, ...] = ()
+    rule: Callable[[str], str | None] | None = None
+    shown: str | None = None
+
+
+def key(default: Any, kind: str, doc: str, **how: Any) -> Any:
+    """A :class:`Settings` field that is a user key (its :class:`Key` in the field's
+    metadata)."""
+    return field(default=default, metadata={"key": Key(kind, doc, **how)})
+
+
+def _namespace_problem(ns: str) -> str | None:
+    # a key is "namespace@..." (impl/keys.py); a newline or other control character would
+    # split a log line or a key listing in two
+    if not ns or "@" in ns or not ns.isprintable():
+        return (f"namespace must be non-empty and contain no '@' and no control characters, "
+                f"got {ns!r}")
+    return None
+
+
 @dataclass(frozen=True)
 class Settings:
-    """``kv_connector_extra_config`` after validation (every key: docs/deploy.md, "Flags")."""
+    """``kv_connector_extra_config`` after validation. Each field made with :func:`key` is a
+    user key, declared once here: its default, kind, bounds and doc (docs/deploy.md, "Flags",
+    lists them; a test keeps the two in step). The other fields are derived."""
 
     kv_role: str = "kv_both"
-    store: str = "memory"
     store_config: dict[str, Any] = field(default_factory=dict)  # make_store() input
-    namespace: str = "tailproof"
-    put_batch_size: int = 64
-    staging_buffer_bytes: int = 64 << 20
-    enable_lookup: bool = True
-    load_async: bool = True  # loads between steps; failures reported per request
-    save_decode_cache: bool = False  # also save KV computed during decode (Mooncake's option)
-    send_threads: int = 1  # background store-job threads per worker (a request stays on one)
-    recv_threads: int = 1  # background load threads per worker
-    max_queued_jobs: int = 64  # queued + running store jobs (and, apart, loads) per worker
+    store: str = key("memory", "choice", "the store: in-process memory or Mooncake",
+                     choices=STORE_KINDS)
+    namespace: str = key("tailproof", "str", "key prefix; engines that share KV use the same",
+                         rule=_namespace_problem, shown='`"tailproof:<model>"`')
+    put_batch_size: int = key(64, "int", "most keys per store call", low=1,
+                              high=MAX_PUT_BATCH, bounds="positive")
+    staging_buffer_bytes: int = key(64 << 20, "size", "each host staging buffer",
+                                    shown="64 MiB")
+    send_threads: int = key(1, "int", "background store-job threads per worker (a request "
+                            "stays on one)", low=1, high=MAX_THREADS, bounds="positive")
+    recv_threads: int = key(1, "int", "background load threads per worker", low=1,
+                            high=MAX_THREADS, bounds="positive")
+    max_queued_jobs: int = key(64, "int", "queued + running store jobs (and, apart, loads) per "
+                               "worker", low=1, high=MAX_QUEUED_JOBS, bounds="positive")
+    enable_lookup: bool = key(True, "bool", "look prefixes up in the store")
+    load_async: bool = key(True, "bool", "loads between steps; failures reported per request")
+    save_decode_cache: bool = key(False, "bool", "also save KV computed during decode "
+                                  "(Mooncake's option)")
     # Turn-end checkpoints (docs/reuse.md): store the state at the last hash boundary a request
     # computed (prompt + response), from a snapshot block the connector takes from vLLM's pool.
     # The reuse extension's parts: False (default), True, or None for "auto" (on where the
     # engine supports them, ``resolve_reuse_extension``; given as the string "auto").
-    turn_end_checkpoints: bool | None = False
-    checkpoint_slots: int = 32  # requests holding snapshot blocks at once (1..4096)
-    checkpoint_reserve_blocks: int = 4  # free pool blocks a snapshot block must leave
-    decode_boundary_saves: bool | None = False  # also store decode-time aligned Mamba states
-    # Not a user key: ``decode_boundary_saves`` served by vLLM's own decode checkpoints
-    # (``native_decode_checkpoints``), so rule 5's own attention puts are left to the
-    # positional decode saves of ``save_decode_cache``.
-    native_decode_boundaries: bool = False
-    # Junction checkpoints (docs/junctions.md): stop a prompt's chunk at the prefix it shares
-    # with an earlier prompt and store the state there (needs the scheduler hook plugin).
-    junction_checkpoints: bool | None = False
-    junction_index_blocks: int = 1 << 18  # prompt hash blocks remembered (LRU)
-    # With junction_checkpoints: the hook also sets vLLM's manager-side junction keying
-    # (KVCacheManager.mamba_shared_prefix_checkpoint, EAGLE-only in vLLM 0.33), so the junction
-    # state stays on the device and is handed off like a prompt tail (docs/junctions.md).
-    device_junctions: bool | None = False
+    turn_end_checkpoints: bool | None = key(False, "part", "store the state at the last hash "
+                                            "boundary a request computed")
+    checkpoint_slots: int = key(32, "int", "requests holding snapshot blocks at once", low=1,
+                                high=MAX_CHECKPOINT_SLOTS, bounds="range")
+    checkpoint_reserve_blocks: int = key(4, "int", "free pool blocks a snapshot block must "
+                                         "leave", low=0, bounds="min")
+    decode_boundary_saves: bool | None = key(False, "part", "also store decode-time aligned "
+                                             "Mamba states")
     # With the extension on: a lookup whose prompt extends a Mamba boundary an in-flight store
     # job is putting (a turn that arrives as its predecessor finishes) waits for that job.
-    checkpoint_lookup_wait: bool = True
+    checkpoint_lookup_wait: bool = key(True, "bool", "a lookup waits for an in-flight "
+                                       "checkpoint it extends")
     # Local hits whose attention prefix runs past a lagging Mamba state (docs/impl.md, "Divergent
     # local hits"): vLLM then asks the store for the rest, and a load restores the Mamba state
     # at its hit, so requests share the attention blocks of a prefix the device still holds
     # instead of each loading a private copy (``supports_divergent_local_hybrid_hits``).
-    divergent_local_hits: bool | None = False  # None: "auto" (resolve_divergent_hits)
+    divergent_local_hits: bool | None = key(False, "part", "local hits past a lagging Mamba "
+                                            "state, completed from the store")
+    # Junction checkpoints (docs/junctions.md): stop a prompt's chunk at the prefix it shares
+    # with an earlier prompt and store the state there (needs the scheduler hook plugin).
+    junction_checkpoints: bool | None = key(False, "part", "stop a chunk at a prefix shared "
+                                            "with an earlier prompt and store it")
+    junction_index_blocks: int = key(1 << 18, "int", "prompt hash blocks remembered (LRU)",
+                                     low=1, high=MAX_JUNCTION_INDEX_BLOCKS, bounds="range")
+    # With junction_checkpoints: the hook also sets vLLM's manager-side junction keying
+    # (KVCacheManager.mamba_shared_prefix_checkpoint, EAGLE-only in vLLM 0.33), so the junction
+    # state stays on the device and is handed off like a prompt tail (docs/junctions.md).
+    device_junctions: bool | None = key(False, "part", "vLLM keeps the junction state on the "
+                                        "device")
     # Pins (docs/deploy.md; not vLLM 0.33, whose ``_reference_save_blocks`` pins the whole
     # table for every normal save): a normal save pins only the blocks some rank can
     # still read, from the lowest saved offset every rank has reported (scheduler_side).
-    readable_pins: bool = True
+    readable_pins: bool = key(True, "bool", "a normal save pins only what a rank can read")
     # Most GPU blocks store jobs may pin at once, as a share of the pool (None: no bound); a
     # job past it is skipped and counted (``jobs_skipped_pin_budget``): a future miss.
-    pin_budget_fraction: float | None = 0.25
+    pin_budget_fraction: float | None = key(0.25, "fraction", "most GPU blocks store jobs may "
+                                            "pin at once, as a share of the pool")
+    # Not a user key: ``decode_boundary_saves`` served by vLLM's own decode checkpoints
+    # (``native_decode_checkpoints``), so rule 5's own attention puts are left to the
+    # positional decode saves of ``save_decode_cache``.
+    native_decode_boundaries: bool = False
 
     @property
     def reuse_extension(self) -> bool:
@@ -114,56 +184,96 @@ class Settings:
         return self.is_producer or self.save_decode_cache
 
 
-_SETTING_TYPES: dict[str, type | tuple[type, ...]] = {
-    "store": str,
-    "namespace": str,
-    "put_batch_size": int,
-    "enable_lookup": bool,
-    "load_async": bool,
-    "save_decode_cache": bool,
-    "send_threads": int,
-    "recv_threads": int,
-    "max_queued_jobs": int,
-    "turn_end_checkpoints": bool,
-    "checkpoint_slots": int,
-    "checkpoint_reserve_blocks": int,
-    "decode_boundary_saves": bool,
-    "junction_checkpoints": bool,
-    "junction_index_blocks": int,
-    "device_junctions": bool,
-    "checkpoint_lookup_wait": bool,
-    "divergent_local_hits": bool,
-    "readable_pins": bool,
-    "pin_budget_fraction": (int, float, type(None)),
-}
-MAX_CHECKPOINT_SLOTS = 4096
-MAX_THREADS = 8  # data-plane threads per kind: copies are memory-bound, more only contend
-#: bounds of the per-worker queue and of one store batch: far above any engine's need (a
-#: step queues at most one job per scheduled request), low enough that a typo (2^40) fails
-#: at start-up instead of sizing a deque or a key list by it
-MAX_QUEUED_JOBS = 1 << 16
-MAX_PUT_BATCH = 1 << 16
-#: Size settings of the connector itself (same syntax as the store's: 67108864, "64MB", ...).
-_SIZE_SETTINGS = ("staging_buffer_bytes",)
+#: The user keys, in declaration order: name -> (its :class:`Key`, its default).
+KEYS: dict[str, tuple[Key, Any]] = {f.name: (f.metadata["key"], f.default)
+                                    for f in fields(Settings) if "key" in f.metadata}
+
+
+def shown_default(name: str) -> str:
+    """A key's default as docs/deploy.md's "Flags" table shows it."""
+    k, default = KEYS[name]
+    if k.shown is not None:
+        return k.shown
+    if isinstance(default, str):
+        return f'`"{default}"`'
+    return json.dumps(default)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+_WANT = {"bool": "bool", "int": "int", "str": "str", "choice": "str",
+         "part": 'bool or "auto"', "fraction": "a number in (0, 1] or null"}
+
+
+def _type_problem(name: str, k: Key, val: Any) -> str | None:
+    """``{name} must be <kind>, got <value>`` when ``val`` is not of the key's kind (bool is
+    an int subclass: True is no count)."""
+    if k.kind == "bool" or (k.kind == "part" and val != "auto"):
+        ok = isinstance(val, bool)
+    elif k.kind == "int":
+        ok = _is_int(val)
+    elif k.kind in ("str", "choice"):
+        ok = isinstance(val, str)
+    elif k.kind == "fraction":
+        ok = val is None or isinstance(val, int | float)
+    else:
+        ok = True
+    return None if ok else f"{name} must be {_WANT[k.kind]}, got {val!r}"
+
+
+def _range_problem(name: str, k: Key, val: Any) -> str | None:
+    """The key's bounds, choices and rule, checked on a value of the right kind."""
+    if k.kind == "fraction":
+        bad = isinstance(val, bool) or (isinstance(val, int | float) and not 0 < val <= 1)
+        return f"{name} must be a number in (0, 1] or null, got {val!r}" if bad else None
+    if k.kind == "choice" and isinstance(val, str) and val not in k.choices:
+        return f"{name} {val!r} is not one of {', '.join(k.choices)}"
+    if k.rule is not None and isinstance(val, str):
+        return k.rule(val)
+    if k.kind != "int" or not _is_int(val):
+        return None
+    if k.bounds == "positive":
+        if val <= 0:
+            return f"{name} must be positive, got {val}"
+        if k.high is not None and val > k.high:
+            return f"{name} must be at most {k.high}, got {val}"
+    low = 0 if k.low is None else k.low
+    if k.bounds == "range" and not low <= val <= (k.high or val):
+        return f"{name} must be in {k.low}..{k.high}, got {val}"
+    if k.bounds == "min" and val < low:
+        return f"{name} must be >= {k.low}, got {val}"
+    return None
 
 
 def _store_fields() -> set[str]:
-    from dataclasses import fields
-
     from tailproof.impl.stores import StoreConfig
 
     return {f.name for f in fields(StoreConfig)} - {"backend"}
 
 
+def _size_problems(name: str, raw: Any, sizes: dict[str, int]) -> list[str]:
+    """A ``size`` key: parsed into ``sizes``, positive, and fitting this machine."""
+    from tailproof.impl.stores.config import check_size_fits, parse_size
+
+    try:
+        sizes[name] = parse_size(raw)
+    except ValueError as exc:
+        return [f"{name}: {exc}"]
+    if sizes[name] <= 0:
+        return [f"{name} must be positive, got {raw!r}"]
+    bad = check_size_fits(name, sizes[name])
+    return [bad] if bad else []
+
+
 def parse_settings(extra: dict[str, Any] | None, kv_role: str | None) -> Settings:
     """Validate ``kv_connector_extra_config``; raise :class:`ConfigError` listing every problem.
 
-    Keys are the connector's own (``store``, ``namespace``, ``put_batch_size``,
-    ``staging_buffer_bytes``, ``enable_lookup``, ``load_async``, ``save_decode_cache``, the
-    reuse extension's ``turn_end_checkpoints``, ``checkpoint_slots``,
-    ``checkpoint_reserve_blocks``, ``decode_boundary_saves``, ``checkpoint_lookup_wait``) plus
-    the chosen store's settings (``tailproof.impl.stores.StoreConfig`` fields, e.g.
-    ``master_address``), given flat.
+    Keys are the connector's own (:data:`KEYS`, declared by :class:`Settings`) plus the chosen
+    store's settings (``tailproof.impl.stores.StoreConfig`` fields, e.g. ``master_address``),
+    given flat. Problems come in this order: the role, unknown keys, sizes, kinds, then each
+    key's bounds (declaration order), the staging total, the store's own settings.
     """
     extra = dict(extra or {})
     # Read by the trace recorder's vLLM plugin (tailproof.conformance.capture.plugin).
@@ -173,81 +283,26 @@ def parse_settings(extra: dict[str, Any] | None, kv_role: str | None) -> Setting
     if role not in ROLES:
         problems.append(f"kv_role {role!r} is not one of {', '.join(ROLES)}")
     store_keys = _store_fields()
-    own = set(_SETTING_TYPES) | set(_SIZE_SETTINGS)
-    for key in sorted(set(extra) - own - store_keys):
-        problems.append(
-            f"unknown key {key!r} in kv_connector_extra_config (known: "
-            f"{', '.join(sorted(own | store_keys))})"
-        )
+    for name in sorted(set(extra) - set(KEYS) - store_keys):
+        problems.append(f"unknown key {name!r} in kv_connector_extra_config (known: "
+                        f"{', '.join(sorted(set(KEYS) | store_keys))})")
+    given = [(name, k, extra[name]) for name, (k, _) in KEYS.items() if name in extra]
     sizes: dict[str, int] = {}
-    for key in _SIZE_SETTINGS:
-        if key not in extra:
-            continue
-        from tailproof.impl.stores.config import check_size_fits, parse_size
-
-        try:
-            sizes[key] = parse_size(extra[key])
-        except ValueError as exc:
-            problems.append(f"{key}: {exc}")
-            continue
-        if sizes[key] <= 0:
-            problems.append(f"{key} must be positive, got {extra[key]!r}")
-        elif bad := check_size_fits(key, sizes[key]):
-            problems.append(bad)
-    for key, typ in _SETTING_TYPES.items():
-        if key not in extra:
-            continue
-        val = extra[key]
-        if key in (*REUSE_PARTS, "divergent_local_hits") and val == "auto":
-            continue
-        # bool is an int subclass: reject True where a count is expected.
-        if not isinstance(val, typ) or (typ is int and isinstance(val, bool)):
-            want = getattr(typ, "__name__", typ)
-            if key in (*REUSE_PARTS, "divergent_local_hits"):
-                want = 'bool or "auto"'
-            if key == "pin_budget_fraction":
-                want = "a number in (0, 1] or null"
-            problems.append(f"{key} must be {want}, got {val!r}")
-    store = extra.get("store", "memory")
-    if isinstance(store, str) and store not in STORE_KINDS:
-        problems.append(f"store {store!r} is not one of {', '.join(STORE_KINDS)}")
-    for key in ("put_batch_size", "max_queued_jobs", "send_threads", "recv_threads"):
-        val = extra.get(key)
-        if isinstance(val, int) and not isinstance(val, bool) and val <= 0:
-            problems.append(f"{key} must be positive, got {val}")
-    for key, most in (("send_threads", MAX_THREADS), ("recv_threads", MAX_THREADS),
-                      ("max_queued_jobs", MAX_QUEUED_JOBS), ("put_batch_size", MAX_PUT_BATCH)):
-        val = extra.get(key)
-        if isinstance(val, int) and not isinstance(val, bool) and val > most:
-            problems.append(f"{key} must be at most {most}, got {val}")
+    for name, k, val in given:
+        if k.kind == "size":
+            problems += _size_problems(name, val, sizes)
+    problems += [p for name, k, val in given if (p := _type_problem(name, k, val))]
+    problems += [p for name, k, val in given if (p := _range_problem(name, k, val))]
     problems += _check_staging_total(extra, sizes)
-    val = extra.get("checkpoint_slots")
-    if isinstance(val, int) and not isinstance(val, bool) and not 1 <= val <= MAX_CHECKPOINT_SLOTS:
-        problems.append(f"checkpoint_slots must be in 1..{MAX_CHECKPOINT_SLOTS}, got {val}")
-    val = extra.get("junction_index_blocks")
-    if isinstance(val, int) and not isinstance(val, bool) and not 1 <= val <= 1 << 24:
-        problems.append(f"junction_index_blocks must be in 1..{1 << 24}, got {val}")
-    val = extra.get("pin_budget_fraction")
-    if isinstance(val, bool) or (isinstance(val, (int, float)) and not 0 < val <= 1):
-        problems.append(f"pin_budget_fraction must be a number in (0, 1] or null, got {val!r}")
-    val = extra.get("checkpoint_reserve_blocks")
-    if isinstance(val, int) and not isinstance(val, bool) and val < 0:
-        problems.append(f"checkpoint_reserve_blocks must be >= 0, got {val}")
-    ns = extra.get("namespace")
-    if isinstance(ns, str) and (not ns or "@" in ns or not ns.isprintable()):
-        # a key is "namespace@..." (impl/keys.py); a newline or other control character
-        # would split a log line or a key listing in two
-        problems.append(f"namespace must be non-empty and contain no '@' and no control "
-                        f"characters, got {ns!r}")
+    store = extra.get("store", "memory")
     store_config = {"backend": store, **{k: v for k, v in extra.items() if k in store_keys}}
     if isinstance(store, str) and store in STORE_KINDS:
         problems += check_store_config(store_config)
     if problems:
         raise ConfigError(problems)
-    kwargs = {k: extra[k] for k in _SETTING_TYPES if k in extra}
-    kwargs.update({k: None for k in (*REUSE_PARTS, "divergent_local_hits")
-                   if kwargs.get(k) == "auto"})
-    return Settings(kv_role=role, store_config=store_config, **kwargs, **sizes)
+    values = {name: (None if k.kind == "part" and val == "auto" else val)
+              for name, k, val in given if k.kind != "size"}
+    return Settings(kv_role=role, store_config=store_config, **values, **sizes)
 
 
 def _check_staging_total(extra: dict[str, Any], sizes: dict[str, int]) -> list[str]:

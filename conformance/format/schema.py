@@ -1,5 +1,6 @@
 """The JSON Schema of trace format 1, generated from the declarations it describes: the ops
-(``ops.OPS``: fields, kinds, observation keys) and the trace's config section. The shipped file
+(``ops.OPS``: fields, kinds, observation keys) and the trace's config section
+(``trace_config.CONFIG_KEYS``, ``GROUP_KEYS``). The shipped file
 ``conformance/schema/trace.schema.json`` is this module's output (a test keeps the two equal, and
 checks that every case of the corpus validates against it)::
 
@@ -21,6 +22,7 @@ from tailproof.conformance.format.ops import (
     RENAMED_OPS,
     REQUIRED,
 )
+from tailproof.conformance.format.trace_config import config_schema
 
 # The trace's own fields besides ``config`` and ``ops``.
 HEADER: dict[str, Any] = {
@@ -109,137 +111,6 @@ TOKENS: dict[str, Any] = {
     }
 }
 
-# The ``config`` section (``trace._parse_config``).
-CONFIG: dict[str, Any] = {
-    "type": "object",
-    "required": [
-        "groups",
-        "hash_block_size",
-        "num_blocks"
-    ],
-    "additionalProperties": False,
-    "properties": {
-        "groups": {
-            "type": "array",
-            "minItems": 1,
-            "items": {
-                "type": "object",
-                "required": [
-                    "kind",
-                    "block_size"
-                ],
-                "additionalProperties": False,
-                "properties": {
-                    "kind": {
-                        "enum": [
-                            "full_attention",
-                            "sliding_window",
-                            "mamba_align"
-                        ]
-                    },
-                    "block_size": {
-                        "type": "integer",
-                        "minimum": 1
-                    },
-                    "eagle": {
-                        "type": "boolean"
-                    },
-                    "mamba_cache_mode": {
-                        "const": "align"
-                    },
-                    "sliding_window": {
-                        "type": "integer",
-                        "minimum": 1,
-                        "description": (
-                            "window in tokens; required for (and only for) a sliding_window group"
-                        )
-                    },
-                    "num_speculative_blocks": {
-                        "type": "integer",
-                        "minimum": 0,
-                        "description": (
-                            "MambaSpec.num_speculative_blocks (Mamba groups only; > 0 not with a "
-                            "connector)"
-                        )
-                    }
-                }
-            }
-        },
-        "hash_block_size": {
-            "type": "integer",
-            "minimum": 1,
-            "description": "h; must divide every group's block_size"
-        },
-        "num_blocks": {
-            "type": "integer",
-            "minimum": 2
-        },
-        "enable_caching": {
-            "type": "boolean"
-        },
-        "use_eagle": {
-            "type": "boolean"
-        },
-        "enable_mamba_shared_prefix_checkpoint": {
-            "type": "boolean",
-            "description": (
-                "CacheConfig.enable_mamba_shared_prefix_checkpoint; takes effect with an EAGLE "
-                "group and partial hits"
-            )
-        },
-        "max_model_len": {
-            "type": "integer",
-            "minimum": 0
-        },
-        "max_num_scheduled_tokens": {
-            "type": "integer",
-            "minimum": 0
-        },
-        "long_prefill_token_threshold": {
-            "type": "integer",
-            "minimum": 0
-        },
-        "connector": {
-            "type": "object"
-        },
-        "split_block_size": {
-            "type": "integer",
-            "minimum": 1,
-            "description": "cache_config.block_size of the scheduler split; a group block size"
-        },
-        "prefix_cache_retention_interval": {
-            "type": [
-                "integer",
-                "null"
-            ],
-            "minimum": 0,
-            "description": (
-                "KVCacheConfig.prefix_cache_retention_interval; null/absent = dense Mamba and "
-                "sliding-window retention; 0 or an interval (sparse) makes every adapter "
-                "refuse the trace"
-            )
-        },
-        "vllm": {
-            "enum": [
-                "0.33",
-                "0.34"
-            ],
-            "description": (
-                "the vLLM release whose semantics the trace expects (docs/releases.md); absent = "
-                "0.33"
-            )
-        },
-        "num_hash_lookahead_tokens": {
-            "const": 0,
-            "description": (
-                "VllmConfig.num_hash_lookahead_tokens as the engine resolved it; hash lookahead is "
-                "not modelled, so only 0 (the default) is accepted"
-            )
-        }
-    }
-}
-
-
 def op_schema(name: str) -> dict[str, Any]:
     """One op object: its fields by kind (required where the declaration has no default), an
     ``expect`` of its observation keys, a ``comment``."""
@@ -269,7 +140,7 @@ def trace_schema() -> dict[str, Any]:
         "type": "object",
         "required": ["format", "config", "ops"],
         "additionalProperties": False,
-        "properties": {**HEADER, "config": CONFIG, "ops": {"type": "array", "items": ops}},
+        "properties": {**HEADER, "config": config_schema(), "ops": {"type": "array", "items": ops}},
         "$defs": {"tokens": TOKENS},
     }
 

@@ -134,3 +134,17 @@ def test_every_connector_op_has_a_handler_on_every_adapter_or_a_stated_refusal()
         assert runs | set(refused) == connector_ops, spec.name
         missing = sorted(n for n in runs if not callable(getattr(cls, f"_op_{n}", None)))
         assert not missing, (spec.name, missing)
+
+
+def test_the_docs_config_table_names_each_config_key_once() -> None:
+    """The trace's config keys are declared once (``trace_config.CONFIG_KEYS``); the
+    Configuration table of docs/trace-format.md names exactly those."""
+    from tailproof.conformance.format.trace_config import CONFIG_KEYS
+
+    text = (ROOT / "docs" / "trace-format.md").read_text()
+    section = text.split("## Configuration", 1)[1].split("\n## ", 1)[0]
+    named: list[str] = []
+    for line in section.splitlines():
+        if line.startswith("| `"):
+            named += re.findall(r"`(\w+)`", line.split("|")[1])
+    assert sorted(named) == sorted(CONFIG_KEYS)

@@ -272,3 +272,39 @@ def test_decode_checkpoints_retain_a_state_at_every_block_as_vllm_sets_it() -> N
     attention_only = replace(geo, block_sizes=(64,), is_mamba=(False,), core_group_ids=(0,))
     kvc = SimpleNamespace(prefix_cache_retention_interval=0)
     assert not decode_checkpoint_retention(saves, attention_only, kvc, True)
+
+
+def _flags_table() -> dict[str, str]:
+    """docs/deploy.md's "Flags" table: key -> its default cell."""
+    from pathlib import Path
+
+    text = (Path(__file__).parents[2] / "docs" / "deploy.md").read_text()
+    section = text.split("## Flags", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| `") and len(cells) >= 3:
+            rows[cells[0].strip("`")] = cells[1]
+    return rows
+
+
+def test_the_docs_flags_table_is_the_declared_keys_with_their_defaults() -> None:
+    """One declaration per key (``Settings``' :func:`key` fields): docs/deploy.md lists each
+    key once, with the default the declaration shows, and nothing else."""
+    from tailproof.impl.config import KEYS, shown_default
+
+    rows = _flags_table()
+    assert list(rows) == list(KEYS)
+    assert {k: rows[k] for k in KEYS} == {k: shown_default(k) for k in KEYS}
+
+
+def test_each_key_kind_refuses_a_wrong_value_naming_the_key() -> None:
+    """The messages the table's kinds produce (users and scripts rely on them)."""
+    from tailproof.impl.config import KEYS
+
+    wrong = {"bool": "yes", "int": "2", "str": 3, "choice": 3, "part": "maybe",
+             "fraction": "half"}
+    for name, (k, _) in KEYS.items():
+        if k.kind in wrong:
+            (p,) = _problems({name: wrong[k.kind]})
+            assert p.startswith(f"{name} must be ") and p.endswith(f"got {wrong[k.kind]!r}")
