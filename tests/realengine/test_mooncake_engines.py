@@ -47,7 +47,8 @@ def master(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     reason = unavailable_reason()
     if reason is not None:
         pytest.skip(f"Mooncake client unavailable: {reason}")
-    m = LocalMaster(tmp_path_factory.mktemp("mooncake"), lease_ttl_ms=SLOW_READ_LEASE_TTL_MS).start()
+    m = LocalMaster(tmp_path_factory.mktemp("mooncake"),
+                    lease_ttl_ms=SLOW_READ_LEASE_TTL_MS).start()
     try:
         yield m
     finally:
