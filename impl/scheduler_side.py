@@ -92,10 +92,11 @@ class RequestTracker:
     num_saved_tokens: int = 0
     partial_tail_sent: bool = False
     # ``readable_pins``: (job id, offset) -- every rank reported, after that job of this
-    # tracker's life, a saved offset >= offset; -1: no report yet. ``life`` counts resets, so
-    # a job of an earlier life (reported after a preemption) never confirms anything.
+    # tracker's generation, a saved offset >= offset; -1: no report yet. ``generation`` counts
+    # resets (the request's preemption generation, as the spec's ``Req.generation``), so a job
+    # of an earlier generation (reported after a preemption) never confirms anything.
     confirmed: tuple[int, int] = (-1, 0)
-    life: int = 0
+    generation: int = 0
 
     def reset(self) -> None:
         """``RequestTracker.reset`` on preemption: everything zeroed (a rank's saved offset is
@@ -106,7 +107,7 @@ class RequestTracker:
         self.prefill_end_tokens = 0
         self.partial_tail_sent = False
         self.confirmed = (-1, 0)
-        self.life += 1
+        self.generation += 1
 
 
 class SchedulerSide:
@@ -130,7 +131,7 @@ class SchedulerSide:
         self.next_store_job_id = 0
         self.held: dict[int, tuple[list[int], int]] = {}  # job -> (block ids, ranks left)
         self._held_blocks: dict[int, list[Any]] = {}  # job -> its pinned pool blocks, in order
-        # ``readable_pins``: pinned normal-save job -> [its tracker, the tracker's life, the
+        # ``readable_pins``: pinned normal-save job -> [its tracker, the tracker's generation, the
         # lowest saved offset the ranks reported so far (None: none yet)].
         self._save_jobs: dict[int, list[Any]] = {}
         self._readable = settings.readable_pins
@@ -591,7 +592,7 @@ class SchedulerSide:
                        self.key_epoch.value, floor)
         pinned = job_id in self.held
         if t is not None and pinned:
-            self._save_jobs[job_id] = [t, t.life, None]
+            self._save_jobs[job_id] = [t, t.generation, None]
         self.ext.job_sealed(job, pinned)  # EXTENSION: rule 7
         return job
 
@@ -600,9 +601,9 @@ class SchedulerSide:
         (``_reference_save_blocks``) pins every one of the table (floor 0): a rank resumes from
         its own saved offset, which lags after a failed or skipped put. With ``readable_pins``
         (t given) only ``[floor, end)``: ``floor`` = the offset every rank reported reaching
-        after an earlier job of this tracker's life (0 before any report), capped at
-        ``token_ids_start``. A rank's offset only grows within a life, its jobs run in order,
-        so it resumes at or above ``floor``; the worker reads nothing below the job's
+        after an earlier job of this tracker's generation (0 before any report), capped at
+        ``token_ids_start``. A rank's offset only grows within a generation, its jobs run in
+        order, so it resumes at or above ``floor``; the worker reads nothing below the job's
         ``pin_floor``."""
         mamba, sizes = self.geo.is_mamba, self.geo.block_sizes
         if t is None:
@@ -725,8 +726,8 @@ class SchedulerSide:
             del self.held[job]
             if ent is not None:
                 del saves[job]
-                t, life, off = ent
-                if t.life == life and job > t.confirmed[0]:
+                t, generation, off = ent
+                if t.generation == generation and job > t.confirmed[0]:
                     t.confirmed = (job, off)
             self.ext.job_released(job)  # EXTENSION: rule 7
             self.pool.free_blocks(self._held_blocks.pop(job)[::-1])

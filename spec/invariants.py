@@ -199,7 +199,7 @@ def i11_tail_registration(s: State) -> Result:
 def i12_handoff_validity(s: State) -> Result:
     """I12: an undrained hand-off belongs to a live request and names a non-null block for its
     h-aligned boundary within its tokens: the table entry for an aligned snapshot, an off-table CoW
-    target for a sub-block tail (decode-time boundaries are handed off too; the connector drops
+    target for a sub-block tail (decode-time boundaries are hand-offs too; the connector drops
     them). Rules out pinning/putting a freed or overwritten block."""
     c = s.cfg
     for rid, g, b, n in s.offloads:

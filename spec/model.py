@@ -410,7 +410,7 @@ class State:
         if 0 < b <= e and b % c.bs_fa:
             self.register((FA, p[:b]), r.fa[b // c.bs_fa], False)
         run = r.mamba[-1]
-        if e % c.bs_mamba == 0:  # aligned snapshot: registered and handed off
+        if e % c.bs_mamba == 0:  # aligned snapshot: registered, then a hand-off
             if self.register((MAMBA, p[:e]), run, True):
                 self.offloads.append((rid, MAMBA, run, e))
         elif e == self.ck(n_prompt) and e % c.h == 0:  # sub-block producer tail
@@ -438,7 +438,7 @@ class State:
         if ids:
             self.release_copies(ids)
         for rid, g, b, n in offloads:
-            self._hand_off(rid, g, b, n, self.step)
+            self._handoff(rid, g, b, n, self.step)
         if self.cfg.turn_end:
             for rid in sorted(self.scheduled):
                 self._snapshot(rid)
@@ -531,7 +531,7 @@ class State:
         self.jobs[self.next_job] = StoreJob(rid, r.generation, tuple(ids), tuple(puts), fence)
         self.next_job += 1
 
-    def _hand_off(self, rid: int, g: int, b: int, n: int, fence: int) -> None:
+    def _handoff(self, rid: int, g: int, b: int, n: int, fence: int) -> None:
         """``_handle_boundary_state_offloads`` + ``_reference_save_blocks``: accept a hand-off of
         a live producer within its prefill (past it too with ``decode_checkpoints``: a decode
         step's aligned state), add the attention tail puts, pin every distinct block once
@@ -598,15 +598,15 @@ class State:
         return v == key if key[0] == MAMBA else v[1][: len(key[1])] == key[1]
 
     def do_finish(self, rid: int) -> None:
-        """``Scheduler._free_request``: ``finalize_partial_tail_offloads`` (hand off the table
-        source if computation stopped exactly at the marker), pin it while the request still
+        """``Scheduler._free_request``: ``finalize_partial_tail_offloads`` (a hand-off of the
+        table source if computation stopped exactly at the marker), pin it while the request still
         owns it (``register_finished_partial_tail``), then free the tables (reversed)."""
         r = self.reqs[rid]
         if r.marker is not None:
             src, n = r.marker
             r.marker = None
             if r.computed == n:
-                self._hand_off(rid, MAMBA, src, n, self.executed)
+                self._handoff(rid, MAMBA, src, n, self.executed)
         self._flush(rid)
         ids = self.pop_tables(r)
         if self.cfg.defer_block_free:

@@ -26,7 +26,7 @@ lazily, right before the first manager call that depends on it: ``add_request`` 
 manager first sees a request, ``append_output`` for tokens appended since, ``commit`` /
 ``set_in_flight`` when ``num_computed_tokens`` / ``num_in_flight_tokens`` moved (the
 scheduler's ``_update_after_schedule`` and ``update_from_output``). So a recorded trace replays
-on any adapter and ``tailproof replay trace.json --against reference`` names the first op
+on any adapter and ``tailproof replay trace.json --adapters reference`` names the first op
 where the model disagrees with the engine.
 
 The wrappers run on the scheduler's thread and only queue one raw tuple per call (the

@@ -81,6 +81,21 @@ def load_all(args: list[str] | list[Path]) -> list[Trace]:
     return traces
 
 
+class _Spelled(argparse.Action):
+    """Store an option's value and the spelling given (``--adapters`` or an older alias such as
+    ``--against``), so that an error names the option as the user typed it."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, values)
+        setattr(namespace, f"{self.dest}_spelling", option_string)
+
+
+def _spelling(args: argparse.Namespace, dest: str, canonical: str) -> str:
+    """The option string ``dest`` was given with (``canonical`` when it was not given)."""
+    return getattr(args, f"{dest}_spelling", None) or canonical
+
+
 def parse_adapters(text: str, option: str) -> list[str]:
     names = [a.strip() for a in text.split(",") if a.strip()]
     if not names:
@@ -108,7 +123,7 @@ def resolve_adapters(names: list[str], skip_missing: bool,
         else:
             raise UsageError(reason, vllm_compat.FIX if not info.missing else
                              f"./scripts/bootstrap.sh installs {info.missing}, or run "
-                             "without it (--against reference / --adapters reference)")
+                             "without it (--adapters reference)")
     if not run:
         raise UsageError(f"no adapter can run here ({'; '.join(not_run.values())})",
                          "./scripts/bootstrap.sh")
@@ -261,7 +276,7 @@ def _conformance(args: argparse.Namespace, traces: list[Trace], adapters: list[s
     why = vllm_compat.token_id_refusal(traces, adapters)
     if why is not None:
         raise UsageError(why, "use smaller token ids, or run the reference adapter only "
-                              "(--adapters reference / --against reference)")
+                              "(--adapters reference)")
     with contextlib.ExitStack() as stack:
         options = _impl_options(args, adapters, stack)
         results = run_all(traces, adapters, strict, progress, options)
@@ -313,9 +328,11 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
         return f"{text} (default: {action.default})"
 
 
-def _sub(sub: Any, name: str, summary: str, func: Callable[[argparse.Namespace], int]) -> Any:
+def _sub(sub: Any, name: str, summary: str, func: Callable[[argparse.Namespace], int],
+         aliases: tuple[str, ...] = ()) -> Any:
+    """One subcommand; ``aliases``: older names that keep working."""
     p = sub.add_parser(name, help=summary, description=summary[0].upper() + summary[1:] + ".",
-                       formatter_class=_Formatter)
+                       formatter_class=_Formatter, aliases=list(aliases))
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                    help="show the Python traceback of an error (default: off)")
     p.set_defaults(func=func)

@@ -19,10 +19,10 @@ from tailproof.conformance.cli import (
     check,
     diff,
     doctor,
+    expect,
     history,
     mutate,
     prove,
-    record,
     replay,
     shrink,
     smoke,
@@ -42,7 +42,7 @@ INTERNAL = 3
 #: one entry per subcommand, in --help order (a new subcommand adds one register_* here)
 SUBCOMMANDS: list[Callable[[Any], None]] = [
     check.register_check, replay.register_replay, validate.register_validate,
-    record.register_record, capture.register_capture, shrink.register_shrink,
+    expect.register_expect, capture.register_capture, shrink.register_shrink,
     prove.register_prove, mutate.register_mutate, history.register_history,
     diff.register_diff,
     doctor.register_doctor, stats.register_stats, smoke.register_smoke,

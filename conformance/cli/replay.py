@@ -15,6 +15,8 @@ from tailproof.conformance.cli.common import (
     _print_divergences,
     _print_refusals,
     _report_args,
+    _Spelled,
+    _spelling,
     _store_args,
     _sub,
     _vllm_line,
@@ -33,7 +35,7 @@ from tailproof.conformance.tools.show import check_expect_keys, format_show, par
 def cmd_replay(args: argparse.Namespace) -> int:
     t_start = time.perf_counter()
     out = sys.stderr if args.json else sys.stdout
-    wanted = parse_adapters(args.against, "--against")
+    wanted = parse_adapters(args.adapters, _spelling(args, "adapters", "--adapters"))
     info = vllm_compat.inspect_vllm(wanted)
     adapters, not_run = resolve_adapters(wanted, skip_missing=False, info=info)
     _check_junit(args)
@@ -64,8 +66,10 @@ def register_replay(sub: Any) -> None:
              cmd_replay)
     r.add_argument("traces", nargs="+", metavar="TRACE",
                    help="trace files, or directories standing for their *.json")
-    r.add_argument("--against", default="reference,vllm", metavar="A,B",
-                   help=f"comma-separated adapters (known: {', '.join(ADAPTERS)})")
+    r.add_argument("--adapters", "--against", dest="adapters", action=_Spelled,
+                   default="reference,vllm", metavar="A,B",
+                   help=f"comma-separated adapters (known: {', '.join(ADAPTERS)}; --against is "
+                   "the older spelling)")
     r.add_argument("--strict-ids", action="store_true",
                    help="compare block ids exactly instead of up to a renaming")
     r.add_argument("--show", action="store_true",

@@ -10,6 +10,8 @@ from typing import Any
 
 from tailproof.conformance.capture.writer import write_trace
 from tailproof.conformance.cli.common import (
+    _Spelled,
+    _spelling,
     _sub,
     load_all,
     parse_adapters,
@@ -25,7 +27,7 @@ def cmd_shrink(args: argparse.Namespace) -> int:
     """Delta-debug a diverging trace down to a small one with the same divergence."""
     t_start = time.perf_counter()
 
-    wanted = parse_adapters(args.against, "--against")
+    wanted = parse_adapters(args.adapters, _spelling(args, "adapters", "--adapters"))
     info = vllm_compat.inspect_vllm(wanted)
     adapters, _ = resolve_adapters(wanted, skip_missing=False, info=info)
     (trace,) = load_all([args.trace])
@@ -64,8 +66,10 @@ def register_shrink(sub: Any) -> None:
     sh = _sub(sub, "shrink", "delta-debug a diverging trace to a small one that keeps the same "
               "divergence (op kind and field)", cmd_shrink)
     sh.add_argument("trace", metavar="TRACE", help="a trace that diverges")
-    sh.add_argument("--against", default="reference,vllm", metavar="A,B",
-                    help=f"comma-separated adapters (known: {', '.join(ADAPTERS)})")
+    sh.add_argument("--adapters", "--against", dest="adapters", action=_Spelled,
+                    default="reference,vllm", metavar="A,B",
+                    help=f"comma-separated adapters (known: {', '.join(ADAPTERS)}; --against is "
+                    "the older spelling)")
     sh.add_argument("--strict-ids", action="store_true",
                     help="compare block ids exactly instead of up to a renaming")
     sh.add_argument("-o", "--output", default=None, metavar="FILE",

@@ -1,5 +1,5 @@
 """The step protocol the loader checks on top of the per-op fields (docs/trace-format.md,
-"Step protocol"): what ``validate``, ``replay``, ``record`` and ``shrink`` all refuse.
+"Step protocol"): what ``validate``, ``replay``, ``expect`` and ``shrink`` all refuse.
 
 vLLM's scheduler turns one ``allocate_slots`` into exactly one ``_update_after_schedule``
 (``commit``); an output token (``append_output``, ``update_from_output``) arrives after the

@@ -27,7 +27,7 @@ RELEASES = ("0.33", "0.34")
 SUPPORTED = ((0, 33, 0), (0, 35, 0))  # [low, high): the releases above, contiguous
 SUPPORTED_TEXT = ">=0.33.0,<0.35"
 FIX = "pip install --no-deps vllm==0.34.0 or vllm==0.33.0 (./scripts/bootstrap.sh installs " \
-      "both), or run the reference adapter only (--adapters reference / --against reference)"
+      "both), or run the reference adapter only (--adapters reference)"
 
 _KM = "vllm.v1.core.kv_cache_manager"
 _KI = "vllm.v1.kv_cache_interface"

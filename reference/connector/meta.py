@@ -48,10 +48,11 @@ class RequestTracker:
     prefill_end_tokens: int = 0
     partial_tail_sent: bool = False
     # DEVIATION (readable pins, scheduler.py): (job id, offset) every rank reported reaching
-    # after that job of this life; ``life`` counts resets (a job of an earlier life never
-    # confirms anything).
+    # after that job of this generation; ``generation`` counts resets (the request's
+    # preemption generation, the spec's ``Req.generation``: a job of an earlier generation
+    # never confirms anything).
     confirmed: tuple[int, int] = (-1, 0)
-    life: int = 0
+    generation: int = 0
 
     def reset(self) -> None:
         """``RequestTracker.reset`` on preemption (MD:717-724): everything zeroed."""
@@ -62,7 +63,7 @@ class RequestTracker:
         self.prefill_end_tokens = 0
         self.partial_tail_sent = False
         self.confirmed = (-1, 0)
-        self.life += 1
+        self.generation += 1
 
     def update(self, new_block_ids: tuple[list[int], ...]) -> None:
         """Append-only mirror of new block ids (MD:726-741)."""

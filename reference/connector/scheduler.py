@@ -41,12 +41,13 @@ queue-full put (MW:727-1045). That is up to the whole prompt twice a step (touch
 the report) for a long prefill. Here each rank's report also carries its saved offset once the
 job was over, and the job pins only ``[floor, token_len_chunk)`` of each non-Mamba table:
 ``floor`` = the lowest offset all ranks reported after the latest fully reported earlier job of
-the request's tracker (its *life*: a preemption resets it, and a job of an earlier life never
-confirms anything), else 0, capped at ``token_ids_start``. Safe because, within a life, a rank's
-offset only grows and its jobs of one request run in order, so it resumes at or above ``floor``;
-and the job carries ``pin_floor`` = ``floor``: a rank whose offset is below it anyway (vLLM's
-request-id reuse, whose drained finish drops an offset mid-life) reads nothing for the normal
-save and reports its offset, so the next job pins from there (a miss, never an unpinned read).
+the request's tracker (its *generation*: a preemption starts a new one, and a job of an earlier
+generation never confirms anything), else 0, capped at ``token_ids_start``. Safe because,
+within a generation, a rank's offset only grows and its jobs of one request run in order, so it
+resumes at or above ``floor``; and the job carries ``pin_floor`` = ``floor``: a rank whose
+offset is below it anyway (vLLM's request-id reuse, whose drained finish drops an offset
+mid-generation) reads nothing for the normal save and reports its offset, so the next job pins
+from there (a miss, never an unpinned read).
 
 DEVIATION, pin budget (``config.connector.pin_budget_fraction``; not vLLM 0.33, whose pins are
 unbounded): a job whose pins would take the blocks held by other store jobs (counted per job)
@@ -140,7 +141,7 @@ class ConnectorScheduler:
         self.next_store_job_id = 0
         # store_job_id -> (block ids, ranks yet to report)
         self.held: dict[int, tuple[list[int], int]] = {}
-        # DEVIATION (readable pins): normal-save job -> [tracker, its life, lowest offset yet]
+        # DEVIATION (readable pins): normal-save job -> [tracker, its generation, lowest offset]
         self.save_jobs: dict[int, list] = {}
         self.earlier_pins = 0  # DEVIATION (pin budget): blocks pinned when the step began
         frac = conf.pin_budget_fraction
@@ -441,7 +442,7 @@ class ConnectorScheduler:
                 continue
             self._pin(job.store_job_id, ids)
             if t is not None:
-                self.save_jobs[job.store_job_id] = [t, t.life, None]
+                self.save_jobs[job.store_job_id] = [t, t.generation, None]
             self._register_inflight(job)
         for job in skipped:
             rows.remove(job)
@@ -575,8 +576,8 @@ class ConnectorScheduler:
             del self.held[job_id]
             if ent is not None:  # DEVIATION (readable pins): the ranks' offsets confirmed
                 del self.save_jobs[job_id]
-                t, life, off = ent
-                if t.life == life and job_id > t.confirmed[0]:
+                t, generation, off = ent
+                if t.generation == generation and job_id > t.confirmed[0]:
                     t.confirmed = (job_id, off)
             if self.inflight is not None:
                 self.inflight.release(job_id)  # EXTENSION rule 7

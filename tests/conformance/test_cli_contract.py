@@ -213,7 +213,7 @@ def test_replay_without_torch_exit_2(tmp_path: Path, monkeypatch: pytest.MonkeyP
     _hide(monkeypatch, "torch")
     rc = main(["replay", _write(tmp_path, "g.json", GOOD)])
     line = _assert_one_line(capsys.readouterr().err, "needs torch")
-    assert rc == 2 and "--against reference" in line
+    assert rc == 2 and "--adapters reference" in line
 
 
 def test_check_without_vllm_runs_reference_only(monkeypatch: pytest.MonkeyPatch,

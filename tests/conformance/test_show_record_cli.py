@@ -69,3 +69,25 @@ def test_record_to_file_stdout_and_in_place(tmp_path: Path,
     assert main(["record", str(src), "--adapter", "reference", "--in-place"]) == 0
     assert json.loads(src.read_text()) == filled
     assert main(["record", str(src), str(out), "--adapter", "reference"]) == 2
+
+
+def test_expect_is_record_with_its_new_name(tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """``tailproof expect --adapters A`` is the canonical spelling; ``record`` and ``--adapter``
+    (and ``replay --against``) keep working as aliases, with the same output."""
+    doc = json.loads(CASE.read_text())
+    for op in doc["ops"]:
+        op.pop("expect", None)
+    src = tmp_path / "bare.json"
+    src.write_text(json.dumps(doc))
+    new, old = tmp_path / "new.json", tmp_path / "old.json"
+    assert main(["expect", str(src), "--adapters", "reference", "-o", str(new)]) == 0
+    assert main(["record", str(src), "--adapter", "reference", "-o", str(old)]) == 0
+    assert new.read_text() == old.read_text()
+    capsys.readouterr()
+    assert main(["replay", str(new), "--adapters", "reference", "--json"]) == 0
+    by_new = json.loads(capsys.readouterr().out)
+    assert main(["replay", str(new), "--against", "reference", "--json"]) == 0
+    by_old = json.loads(capsys.readouterr().out)
+    assert by_new["adapters"] == by_old["adapters"] == ["reference"]
+    assert by_new["divergences"] == by_old["divergences"] == []

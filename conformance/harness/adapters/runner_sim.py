@@ -1,7 +1,7 @@
 """A CPU (or CUDA) stand-in for vLLM's model runner, for the ``impl`` adapter and tests.
 
 It lives in the harness, not in ``tailproof.impl``: the ``impl`` adapter needs it whenever the
-corpus replays on it (``tailproof replay --against impl``), and production never imports it.
+corpus replays on it (``tailproof replay --adapters impl``), and production never imports it.
 
 Why: to check the connector's data path byte for byte without a GPU or a model. Every forward
 write fills KV with bytes *derived from (rank, layer, group, token prefix)*: a full-attention slot

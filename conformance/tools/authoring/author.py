@@ -3,7 +3,7 @@
 A ``Case`` is written with ``op`` (any trace op), ``add`` (a request) and ``step`` /
 ``prefill`` (whole engine steps, ``steps.py``). Two modules hold the scripts:
 ``scripts/author_core_cases.py`` (core cases, written without running: their expectations
-are recorded from vLLM with ``tailproof record`` and reviewed) and
+are written from vLLM with ``tailproof expect`` and reviewed) and
 ``conformance/tools/authoring/conn_cases.py`` (connector cases, run while authored on vLLM 0.33 +
 Mooncake and the reference in lockstep, strict block ids; vLLM's observations become the
 expectations). Both end in ``main``:

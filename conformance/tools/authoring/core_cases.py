@@ -2,7 +2,7 @@
 as scheduler scripts (``tailproof.conformance.tools.authoring.author``).
 
 The scripts are written without running; record their expectations from vLLM 0.33 with
-``tailproof record conformance/cases/core_*.json --adapter vllm --in-place`` and review them before
+``tailproof expect conformance/cases/core_*.json --adapters vllm --in-place`` and review them before
 committing (the author keeps reviewed expectations while a case's ops are unchanged). Steps
 follow the scheduler's order (``tailproof.conformance.harness.steps``): new step, lookup, plan (the
 Mamba-aligned split), allocate, drain hand-offs, drain copies and free their retention at

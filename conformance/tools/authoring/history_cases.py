@@ -4,7 +4,7 @@ Each case starts from a corpus case that kills the bug's mutant, is shrunk with
 ``tailproof.conformance.tools.shrink`` while the mutant is applied (in a forked child, so unmutated
 vLLM in this process never sees it: reference vs mutated vLLM is the divergence kept), renamed
 after the bug, and its expectations are then recorded from unmutated vLLM with
-``tailproof record --adapter vllm-mooncake|vllm --in-place --overwrite``. ``FIXUPS`` holds the
+``tailproof expect --adapters vllm-mooncake|vllm --in-place --overwrite``. ``FIXUPS`` holds the
 few edits made after a shrink (commits the impl adapter needs, a second lookup), each stated in
 the case's description.
 

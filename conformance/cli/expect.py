@@ -1,4 +1,6 @@
-"""``tailproof record``: write one adapter's observations into traces as expectations."""
+"""``tailproof expect`` (formerly ``tailproof record``, still accepted): write one adapter's
+observations into traces as expectations. Not the recorder (``TAILPROOF_RECORD``, which records
+what an engine did); see docs/glossary.md, "Tooling"."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from tailproof.conformance.harness.replay import (
 )
 
 
-def cmd_record(args: argparse.Namespace) -> int:
+def cmd_expect(args: argparse.Namespace) -> int:
     """Fill each op's ``expect`` from one adapter's observations (for authoring cases);
     written to ``-o FILE``, to stdout, or back into each trace with ``--in-place``."""
     if args.output and args.in_place:
@@ -32,12 +34,12 @@ def cmd_record(args: argparse.Namespace) -> int:
     traces = load_all(args.traces)
     if len(traces) > 1 and not args.in_place:
         raise UsageError(f"traces: {len(traces)} traces given; -o and stdout take one",
-                         "record one trace, or pass --in-place")
+                         "fill one trace, or pass --in-place")
     for trace in traces:
         result = run_trace(trace, [args.adapter], strict=True)
         if args.adapter in result.refused:
             raise UsageError(f"{trace.source}: {result.refused[args.adapter]}",
-                             "record it with --adapter reference")
+                             "fill it with --adapters reference")
         obs = result.observations[args.adapter]
         doc = trace.raw
         for op_doc, o in zip(doc["ops"], obs, strict=True):
@@ -48,24 +50,26 @@ def cmd_record(args: argparse.Namespace) -> int:
         target = trace.source if args.in_place else args.output
         if target is None:
             sys.stdout.write(text)
-            print(f"recorded {n} observations of {trace.source}", file=sys.stderr)
+            print(f"wrote {n} expectations of {trace.source}", file=sys.stderr)
             continue
         try:
             Path(target).write_text(text)
         except OSError as e:
             raise UsageError(f"{target}: cannot write: {e.strerror or e}",
                              "make the file writable") from None
-        print(f"recorded {n} observations into {target}", file=sys.stderr)
+        print(f"wrote {n} expectations into {target}", file=sys.stderr)
     return OK
 
 
-def register_record(sub: Any) -> None:
-    rec = _sub(sub, "record", "write one adapter's observations into traces as expectations",
-               cmd_record)
+def register_expect(sub: Any) -> None:
+    rec = _sub(sub, "expect", "write one adapter's observations into traces as expectations",
+               cmd_expect, aliases=("record",))
     rec.add_argument("traces", nargs="+", metavar="TRACE",
                      help="trace files, or directories of them (several need --in-place)")
-    rec.add_argument("--adapter", default="vllm", choices=list(ADAPTERS),
-                     help="the adapter whose observations become the expectations")
+    rec.add_argument("--adapters", "--adapter", dest="adapter", default="vllm",
+                     choices=list(ADAPTERS), metavar="A",
+                     help="the one adapter whose observations become the expectations "
+                          f"(known: {', '.join(ADAPTERS)}; --adapter is the older spelling)")
     rec.add_argument("--overwrite", action="store_true",
                      help="replace expectations already written (default: keep them)")
     rec.add_argument("-o", "--output", default=None, metavar="FILE",
