@@ -1,7 +1,9 @@
-"""Prefix reuse on vLLM 0.33's real ``Scheduler`` on CPU: device cache only vs
-``TailproofConnector`` as vLLM 0.33 does it (memory store), the baseline of the reuse work, vs
-``TailproofConnector`` with the reuse extension (``docs/reuse.md``: ``turn_end_checkpoints``
-and ``decode_boundary_saves`` on).
+"""Prefix reuse on vLLM's real ``Scheduler`` (0.33 or 0.34) on CPU: device cache only vs
+``TailproofConnector`` as vLLM does it (memory store), the baseline of the reuse work, vs vLLM's
+own ``MooncakeStoreConnector`` with ``save_decode_cache`` (``mooncake``: on 0.34 it stores
+decode-time Mamba states) vs ``TailproofConnector`` with the reuse extension
+(``docs/reuse.md``: turn-end, decode-boundary and junction checkpoints on; on 0.34 the decode
+boundaries are vLLM's own, ``save_decode_cache``).
 
 Workloads (token streams fixed by the seed; "sampling" is ``engine_sim.Engine.next_token``, so
 both variants see the same responses):
@@ -24,7 +26,8 @@ Per workload and variant: hit/oracle, where hit is the prefix reused at a reques
 scheduled step (device plus store) and the oracle the longest prefix its prompt shares with
 tokens an earlier request had computed before that step, capped at prompt - 1, floored to h;
 prefill tokens over the minimum (prompt tokens less the oracle); engine steps (``schedule``
-calls while requests remain); store bytes written (the workers' ``put_bytes``); the extension's
+calls while requests remain); store bytes written (the workers' ``put_bytes``; none for
+``mooncake``, whose store holds keys only); distinct store keys at the end; the extension's
 extra device-to-device copy bytes per request (the workers' ``snapshot_copy_bytes``). The misses
 (oracle - hit) are split by where they lie relative to the earlier request the oracle matched:
 ``junction`` (the shared prefix ends inside that request's prompt), ``preempted`` and ``prompt``
@@ -88,6 +91,7 @@ class Result(ReuseRatios):
     steps: int = 0
     put_bytes: int = 0
     copy_bytes: int = 0  # snapshot copies (reuse extension), all workers
+    keys: int = 0  # distinct store keys at the end (every rank and group)
     requests: int = 0
     preempted: int = 0
     misses: dict[str, int] = field(default_factory=lambda: dict.fromkeys(MISS_KINDS, 0))
@@ -116,6 +120,10 @@ class DeviceOnly:
         self.next_token = Engine.next_token
 
     copy_bytes = 0  # no snapshot copies without a connector
+
+    def stored_keys(self) -> int:
+        """No store."""
+        return 0
 
     def step(self) -> tuple[dict[str, int], list[str], int, int]:
         from tailproof.conformance.vllm_release import model_runner_output
@@ -169,8 +177,63 @@ class WithConnector:
             put += self.step()[2]
         return put
 
+    def stored_keys(self) -> int:
+        """Distinct keys in the store (every rank's, every group's)."""
+        return len(self.engine.conn.store.keys())
+
     def shutdown(self) -> None:
         self.engine.shutdown()
+
+
+class VllmMooncake:
+    """vLLM's own ``MooncakeStoreConnector`` with :data:`VLLM_PEER` (``save_decode_cache`` on:
+    on vLLM 0.34 it stores decode-time Mamba states at block boundaries, #56972 fixed; 0.33
+    drops them), its scheduler side built by vLLM's ``Scheduler`` from the
+    ``KVTransferConfig`` exactly as :class:`WithConnector`'s; the worker rank is the capture
+    engine's ``MooncakeRanks``: vLLM's own sending thread and lookup over an in-memory key
+    store (keys only, no bytes, so no store MB; a load lands in the step that issued it, as
+    the simulated workers' settled loads do)."""
+
+    copy_bytes = 0  # no snapshot copies
+
+    def __init__(self, num_blocks: int, max_batched: int):
+        from engine_sim import Engine, kv_cache_config, vllm_config
+        from vllm.utils.hashing import sha256
+        from vllm.v1.core.kv_cache_utils import init_none_hash
+        from vllm.v1.core.sched.scheduler import Scheduler
+        from vllm.v1.structured_output import StructuredOutputManager
+
+        from tailproof.conformance.tools.capture_engine.mooncake_ranks import MooncakeRanks
+
+        init_none_hash(sha256)
+        vc = vllm_config(VLLM_PEER, h=H, block_size=BLOCK, max_batched=max_batched,
+                         max_model_len=MAX_LEN, connector="MooncakeStoreConnector")
+        vc.cache_config.num_gpu_blocks = num_blocks
+        kvc = kv_cache_config(num_blocks, (("full_attention", BLOCK), ("mamba", BLOCK)), H)
+        self.sched = Scheduler(vc, kvc, StructuredOutputManager(vc), block_size=BLOCK,
+                               hash_block_size=H, log_stats=True)
+        self.ranks = MooncakeRanks(self.sched, kvc, 1)
+        self.next_token = Engine.next_token
+
+    def step(self) -> tuple[dict[str, int], list[str], int, int]:
+        so = self.sched.schedule()
+        mro, _ = self.ranks.step(self.sched, so, self.next_token)
+        outs = self.sched.update_from_output(so, mro)
+        done = [x.request_id for o in outs.values() for x in o.outputs
+                if x.finish_reason is not None]
+        return dict(so.num_scheduled_tokens), done, 0, len(so.preempted_req_ids or ())
+
+    def settle(self) -> int:
+        """Step until every save reported (vLLM's connector pins blocks until then)."""
+        while self.sched.connector.has_pending_push_work():
+            self.step()
+        return 0
+
+    def stored_keys(self) -> int:
+        return len(self.ranks.store.keys)
+
+    def shutdown(self) -> None:
+        self.ranks.shutdown()
 
 
 # --------------------------------------------------------------------------- driver
@@ -318,7 +381,10 @@ WORKLOADS: dict[str, tuple[Callable[[Driver, random.Random, Sizes], None], bool]
     "agent": (agent, False),
     "resend": (resend, False),
 }
-VARIANTS = ("device", "connector", "extension")
+VARIANTS = ("device", "connector", "mooncake", "extension")
+#: ``kv_connector_extra_config`` of the ``mooncake`` variant: vLLM's own connector as a user
+#: deploys it for multi-turn reuse (asynchronous loads, its default; decode KV saved).
+VLLM_PEER = {"load_async": True, "save_decode_cache": True}
 #: ``kv_connector_extra_config`` of the ``extension`` variant (docs/reuse.md).
 EXTENSION = {"turn_end_checkpoints": True, "decode_boundary_saves": True,
              "junction_checkpoints": True, "device_junctions": True}
@@ -330,15 +396,21 @@ def run(workload: str, variant: str, seed: int, sizes: Sizes) -> Result:
     build, small = WORKLOADS[workload]
     blocks = sizes.small_blocks if small else LARGE_BLOCKS
     ns = f"reuse-{workload}-{seed}"  # the memory store closes with its engine
-    engine: Any = (DeviceOnly(blocks, sizes.max_batched) if variant == "device" else
-                   WithConnector(blocks, sizes.max_batched, ns,
-                                 EXTENSION if variant == "extension" else None))
+    engine: Any
+    if variant == "device":
+        engine = DeviceOnly(blocks, sizes.max_batched)
+    elif variant == "mooncake":
+        engine = VllmMooncake(blocks, sizes.max_batched)
+    else:
+        engine = WithConnector(blocks, sizes.max_batched, ns,
+                               EXTENSION if variant == "extension" else None)
     result = Result(workload, variant)
     driver = Driver(engine, result)
     try:
         build(driver, random.Random(f"{workload.split('-')[0]}:{seed}"), sizes)
         result.put_bytes += engine.settle()
         result.copy_bytes = engine.copy_bytes
+        result.keys = engine.stored_keys()
     finally:
         engine.shutdown()
     return result
@@ -365,8 +437,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"load {os.getloadavg()[0]:.2f} (1 min); seeds {args.seeds}; Mamba/FA block {BLOCK}, "
           f"h {H}, max_num_batched_tokens {sizes.max_batched}, device blocks {LARGE_BLOCKS} "
           f"(small {sizes.small_blocks}); extension {EXTENSION}")
+    import vllm
+
+    print(f"vLLM {vllm.__version__}; mooncake variant: vLLM's MooncakeStoreConnector {VLLM_PEER}")
     print("workload    seed variant    reqs hit/oracle  hit     oracle  prefill/min  steps  "
-          "store MB  preempt  misses " + "/".join(MISS_KINDS) + "  copy KB/req")
+          "store MB  keys   preempt  misses " + "/".join(MISS_KINDS) + "  copy KB/req")
     for workload in args.workloads:
         for seed in args.seeds:
             for variant in args.variants:
@@ -374,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
                 miss = "/".join(str(r.misses[k]) for k in MISS_KINDS)
                 print(f"{workload:<11} {seed:<4} {variant:<10} {r.requests:<4} {r.ratio:10.3f}  "
                       f"{r.hit:<7} {r.oracle:<7} {r.prefill_over_min:<12.3f} {r.steps:<6} "
-                      f"{r.put_bytes / 1e6:<9.2f} {r.preempted:<8} {miss}  "
+                      f"{r.put_bytes / 1e6:<9.2f} {r.keys:<6} {r.preempted:<8} {miss}  "
                       f"{r.copy_bytes / 1e3 / max(1, r.requests):.1f}", flush=True)
     return 0
 

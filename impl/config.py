@@ -63,6 +63,10 @@ class Settings:
     checkpoint_slots: int = 32  # requests holding snapshot blocks at once (1..4096)
     checkpoint_reserve_blocks: int = 4  # free pool blocks a snapshot block must leave
     decode_boundary_saves: bool | None = False  # also store decode-time aligned Mamba states
+    # Not a user key: ``decode_boundary_saves`` served by vLLM's own decode checkpoints
+    # (``native_decode_checkpoints``), so rule 5's own attention puts are left to the
+    # positional decode saves of ``save_decode_cache``.
+    native_decode_boundaries: bool = False
     # Junction checkpoints (docs/junctions.md): stop a prompt's chunk at the prefix it shares
     # with an earlier prompt and store the state there (needs the scheduler hook plugin).
     junction_checkpoints: bool | None = False
@@ -540,6 +544,39 @@ def _speculation_and_windows(geo: StoreGeometry, vllm_config: Any) -> list[str]:
         groups = sorted(geo.core_group_ids[g] for g in geo.window_group_ids)
         why.append(f"KV cache group(s) {groups} use a sliding window")
     return why
+
+
+def native_decode_checkpoints(settings: Settings, native: bool) -> tuple[Settings, str | None]:
+    """Reuse rule 5 (``decode_boundary_saves``) served by vLLM's own mechanism where the release
+    has one (``native``: ``vllm_release.decode_checkpoints``, vLLM 0.34): ``save_decode_cache``
+    on, which there accepts the core's decode-time Mamba hand-offs at block boundaries
+    (``MooncakeStoreScheduler._handle_boundary_state_offloads``) and saves decode attention KV
+    positionally with the normal saves, and with it vLLM's retention override
+    (:func:`decode_checkpoint_retention`). Rule 5's own attention puts up to each boundary are
+    then redundant (same keys, same bytes) and left out. A producer only, as rule 5 is; the
+    part stays on (its lookup wait, its refusals). Returns (settings, a note or None)."""
+    if not (native and settings.decode_boundary_saves and settings.is_producer):
+        return settings, None
+    return (replace(settings, save_decode_cache=True, native_decode_boundaries=True),
+            "decode_boundary_saves is served by vLLM's decode checkpoints "
+            "(save_decode_cache on; docs/reuse.md, rule 5)")
+
+
+def decode_checkpoint_retention(settings: Settings, geo: StoreGeometry, kv_cache_config: Any,
+                                native: bool) -> bool:
+    """vLLM 0.34's retention override, mirrored (``MooncakeStoreScheduler.__init__``,
+    ``MooncakeStoreWorker.__init__``, ``mooncake/store/``: "Decode checkpoints become reusable
+    Store boundaries"): with ``save_decode_cache``, a Mamba group and the core's default sparse
+    retention (interval 0), the interval becomes the scheduler block size, so the core keeps,
+    and hands off, the Mamba state at every block boundary decoding crosses. The connector is
+    built before the ``KVCacheManager`` from the same ``KVCacheConfig`` (``Scheduler.__init__``).
+    Not on vLLM 0.33 (``native`` false), whose connector drops those states (vllm#56972).
+    Returns whether the interval was changed."""
+    if not (native and settings.save_decode_cache and any(geo.is_mamba)
+            and kv_cache_config.prefix_cache_retention_interval == 0):
+        return False
+    kv_cache_config.prefix_cache_retention_interval = geo.scheduler_block_size
+    return True
 
 
 def reuse_extension_limits(geo: StoreGeometry, vllm_config: Any, kv_cache_config: Any

@@ -45,7 +45,9 @@ from tailproof.impl.config import (
     Settings,
     StoreGeometry,
     check_store_placement,
+    decode_checkpoint_retention,
     geometry_from_vllm,
+    native_decode_checkpoints,
     parse_settings,
     resolve_divergent_hits,
     resolve_reuse_extension,
@@ -65,7 +67,11 @@ from tailproof.impl.scheduler_side import SchedulerSide
 from tailproof.impl.stores import Store, make_store
 from tailproof.impl.value_format import SecretError, mac_identity_text, secret_from_env
 from tailproof.impl.vllm_plugin import HOOK_VERSION
-from tailproof.impl.vllm_release import JUNCTION_HOOK_RELEASES, junction_hook_supported
+from tailproof.impl.vllm_release import (
+    JUNCTION_HOOK_RELEASES,
+    decode_checkpoints,
+    junction_hook_supported,
+)
 from tailproof.impl.worker_side import WorkerSide
 
 logger = logging.getLogger(__name__)
@@ -195,6 +201,15 @@ class TailproofConnector(KVConnectorBase_V1, SupportsHMA):
             self.settings, self.geo, vllm_config, kv_cache_config)
         if reuse_errors:
             raise ConfigError(reuse_errors)
+        self.settings, native_note = native_decode_checkpoints(self.settings,
+                                                               decode_checkpoints())
+        if native_note is not None:
+            reuse_notes.append(native_note)
+        if decode_checkpoint_retention(self.settings, self.geo, kv_cache_config,
+                                       decode_checkpoints()):
+            reuse_notes.append("save_decode_cache: the core retains a Mamba state at every "
+                               f"{self.geo.scheduler_block_size}-token boundary, as vLLM's "
+                               "Mooncake connector sets it (prefix_cache_retention_interval)")
         self.settings, divergent_errors = resolve_divergent_hits(self.settings, self.geo,
                                                                  vllm_config)
         if divergent_errors:

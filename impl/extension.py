@@ -22,8 +22,8 @@ The points, in the order a step meets them:
 ``decode_saves``            hand-offs: decode boundaries are stored (rule 5)
 ``decode_boundary_puts``    ``seal``: the attention puts of a draft's decode boundaries
 ``job_sealed``              ``seal``: a pinned job's Mamba keys are waited on (rule 7)
-``finished_jobs``           the turn-end jobs sealed at finish, emitted with this step
-``end_step``                after the step's jobs: snapshots, rule 3b flushes, junction jobs
+``end_step``                after the step's jobs: the turn-end jobs sealed at finish, then
+                            snapshots, rule 3b flushes, junction jobs
 ``job_released``            ``update_connector_output``: a job's keys are no longer waited on
 ``finish_turn``             ``request_finished_all_groups``: the turn-end flush (rule 3)
 ==========================  ==================================================================
@@ -47,12 +47,8 @@ logger = logging.getLogger(__name__)
 class NoExtension:
     """The reuse extension off (vLLM 0.33's rules only): every point does nothing."""
 
+    decode_saves = False  # rule 5: decode-time hand-offs are stored, with attention puts
     disabled = False  # set once the extension turned itself off (a step it refuses)
-
-    @property
-    def decode_saves(self) -> bool:
-        """Rule 5: whether decode-time hand-offs are stored, with their attention puts."""
-        return False
 
     def bind_pool(self, pool: Any) -> None:
         """vLLM's ``BlockPool``, once the scheduler has one."""
@@ -84,13 +80,10 @@ class NoExtension:
     def job_sealed(self, job: StoreJob, pinned: bool) -> None:
         """A job was sealed (``pinned``: it holds pins until every worker reported it)."""
 
-    def finished_jobs(self) -> list[StoreJob]:
-        """The extension's finish-time jobs, sealed at finish, to emit with this step."""
-        return []
-
     def end_step(self, state: Any, meta: TailproofMeta, requests: Mapping[str, Any],
                  trackers: Mapping[str, Any]) -> None:
-        """After the step's jobs are sealed: the extension's copies and jobs join ``meta``."""
+        """After the step's own jobs: the extension's jobs sealed at finish (rule 3), then
+        this step's copies and jobs (rules 1 and 3b, junction rule 2) join ``meta``."""
 
     def job_released(self, job: int) -> None:
         """Every worker reported ``job``; its pins are released."""
@@ -130,16 +123,13 @@ class ReuseExtension(NoExtension):
                           else None)
         self.inflight = InflightKeys(geo) if settings.checkpoint_lookup_wait else None
         self.disabled = False
+        self.decode_saves = bool(settings.decode_boundary_saves)
         self._active = False  # this step runs the extension (a producer, not disabled)
         self._ends: dict[str, int] = {}  # rid -> real tokens computed after this step
         if settings.is_consumer:
             logger.info("TailproofConnector: the reuse extension is on but the role is a "
                         "consumer, which stores nothing: no snapshots, turn-end, decode-"
                         "boundary or junction checkpoints (docs/reuse.md)")
-
-    @property
-    def decode_saves(self) -> bool:
-        return bool(self.settings.decode_boundary_saves) and not self.disabled
 
     def bind_pool(self, pool: Any) -> None:
         self.turn_end.pool = pool
@@ -180,6 +170,7 @@ class ReuseExtension(NoExtension):
                      "checkpoints and decode boundary saves are disabled (docs/reuse.md, "
                      "Limits)")
         self.disabled = True
+        self.decode_saves = False
         for rid in list(self.turn_end.snapshot_slots):
             self.turn_end.release(rid)
 
@@ -193,16 +184,12 @@ class ReuseExtension(NoExtension):
         if self.inflight is not None and pinned:  # nothing pinned: never a key to wait on
             self.inflight.register(job)
 
-    def finished_jobs(self) -> list[StoreJob]:
-        done = self.turn_end.finished
-        if not done:
-            return []
-        out = list(done.values())
-        done.clear()
-        return out
-
     def end_step(self, state: Any, meta: TailproofMeta, requests: Mapping[str, Any],
                  trackers: Mapping[str, Any]) -> None:
+        done = self.turn_end.finished
+        if done:  # after the step's jobs and the finished partial tails
+            meta.stores.extend(done.values())
+            done.clear()
         if self._active and state is not None:
             if self.settings.turn_end_checkpoints:
                 self.turn_end.take_snapshots(self._ends, state, meta, requests, trackers)

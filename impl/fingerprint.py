@@ -214,13 +214,25 @@ LAYOUT_NEUTRAL_FIELDS: Mapping[str, Any] = {
 }
 
 
+#: ``KVCacheSpec`` fields that only place blocks in memory, never decide a stored byte (the
+#: payload is each layer's logical page, padding excluded): ``page_size_padded`` (a page padded
+#: to the largest group's) and ``block_stride_alignment`` (vLLM 0.33 and 0.34
+#: ``v1/kv_cache_interface.py``: "Required byte alignment between physical blocks", read only by
+#: ``get_block_stride_alignment`` when the buffer is laid out; 0.34's
+#: ``MambaBase.get_kv_cache_spec`` sets it to ``state_alignment``, 1 by default, where 0.33
+#: leaves it None: the same layout). Engines that differ only there hold interchangeable values.
+PHYSICAL_PLACEMENT_FIELDS = ("page_size_padded", "block_stride_alignment")
+
+
 def spec_parts(spec: Any) -> Any:
-    """A group's spec as the fingerprint sees it: every field but ``page_size_padded`` (padding
-    is never stored, so engines that pad differently hold interchangeable values) and the
-    :data:`LAYOUT_NEUTRAL_FIELDS` that hold their neutral value."""
+    """A group's spec as the fingerprint sees it: every field but the
+    :data:`PHYSICAL_PLACEMENT_FIELDS` (placement is never stored, so engines that place blocks
+    differently hold interchangeable values) and the :data:`LAYOUT_NEUTRAL_FIELDS` that hold
+    their neutral value."""
     canon = _canon(resolve_spec(spec))
     if isinstance(canon, dict):
-        canon.pop("page_size_padded", None)
+        for name in PHYSICAL_PLACEMENT_FIELDS:
+            canon.pop(name, None)
         for name, neutral in LAYOUT_NEUTRAL_FIELDS.items():
             if name in canon and canon[name] == neutral:
                 del canon[name]

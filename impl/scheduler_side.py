@@ -347,8 +347,7 @@ class SchedulerSide:
         if self.finished_partial_tails:
             stores.extend(self.finished_partial_tails.values())
             self.finished_partial_tails.clear()
-        stores += self.ext.finished_jobs()  # EXTENSION: rule 3, sealed at finish
-        # EXTENSION: rules 1 and 3b, junction rule 2 (copies and jobs after the step's own)
+        # EXTENSION: rule 3's jobs sealed at finish, then rules 1 and 3b, junction rule 2
         self.ext.end_step(state, meta, self.unfinished_requests, self.request_trackers)
         return meta
 
@@ -480,7 +479,8 @@ class SchedulerSide:
             accepted = self._accept(entries, end)
             if not accepted:
                 continue
-            rule5 = self.ext.decode_saves  # EXTENSION: rule 5
+            # EXTENSION: rule 5's attention puts, unless vLLM's decode saves store that KV
+            rule5 = self.ext.decode_saves and not self.settings.native_decode_boundaries
             decode = sorted({p.num_tokens for p in accepted if p.num_tokens > end}) if rule5 \
                 else []
             if (s := by_req.get(rid)) is not None:
@@ -526,7 +526,8 @@ class SchedulerSide:
         mamba, sizes = geo.is_mamba, geo.block_sizes
         mamba_tails = [p.num_tokens for p in s.boundary_puts
                        if mamba[p.group_id] and p.num_tokens % sizes[p.group_id]]
-        if not s.publish_partial_tail and self._checkpoint(s.num_prompt_tokens) not in mamba_tails:
+        if not s.publish_partial_tail and (
+                not mamba_tails or self._checkpoint(s.num_prompt_tokens) not in mamba_tails):
             return []  # the spec's own early exit, with ck(P) remembered: a junction hand-off
         puts = partial_tail_puts(
             num_prompt_tokens=s.num_prompt_tokens, completed_token_len=s.completed_token_len,
@@ -582,13 +583,12 @@ class SchedulerSide:
         job_id = self._pins_within_budget(ids) if budgeted else self._take_pins(ids)
         if job_id is None:
             return None
-        job = StoreJob(
-            store_job_id=job_id, req_id=d.req_id, token_len_chunk=d.token_len_chunk,
-            block_ids=d.block_ids, block_hashes=d.block_hashes, boundary_puts=tuple(puts),
-            token_ids_start=d.token_ids_start, publish_partial_tail=d.publish_partial_tail,
-            completed_token_len=d.completed_token_len, num_prompt_tokens=d.num_prompt_tokens,
-            prefill_end_tokens=d.prefill_end_tokens, epoch=self.key_epoch.value,
-            pin_floor=floor)
+        # Positional, in StoreJob's field order (half the cost of keywords on this hot path;
+        # test_pin_rules checks every field).
+        job = StoreJob(job_id, d.req_id, d.token_len_chunk, d.block_ids, d.block_hashes,
+                       tuple(puts), d.token_ids_start, d.publish_partial_tail,
+                       d.completed_token_len, d.num_prompt_tokens, d.prefill_end_tokens,
+                       self.key_epoch.value, floor)
         pinned = job_id in self.held
         if t is not None and pinned:
             self._save_jobs[job_id] = [t, t.life, None]

@@ -159,6 +159,26 @@ def partial_tail_puts(
     computed is omitted. Written once for the reference (``reference.connector.tail``) and the
     connector (``impl.scheduler_side``); the corpus checks it against vLLM's own function on
     the ``vllm-mooncake`` adapter.
+
+    vLLM's own example (MS:62-132): h = 4, attention blocks of 4, Mamba blocks of 16, so the
+    scheduler block (lcm) is 16; a 45-token prompt has ck(P) = 44. Normal saves stop at the
+    lcm floor, 32; the tail puts are the attention blocks from there up to ck(P) plus the
+    group's EAGLE proof margin, each keyed at its end clipped to that proof end; the Mamba
+    state at ck(P) is the core's hand-off, a boundary put of its own (not listed here)::
+
+        token       0   4   8   12  16  20  24  28  32  36  40  44  48
+                    |   |   |   |   |   |   |   |   |   |   |   |   |
+        prompt      |============================================| P = 45
+        attention   |b0 |b1 |b2 |b3 |b4 |b5 |b6 |b7 |b8 |b9 |b10|b11| blocks of 4 (= h)
+        Mamba       |       m0      |       m1      |       m2      | blocks of 16
+        lcm         |<----- 0 ----->|<----- 1 ----->|<----- 2 ----->| scheduler blocks
+        ck(P)                                                   ^ 44
+        saved       |===============================| floor(ck, lcm) = 32
+        tail puts                                   |b8 |b9 |b10|     [32, ck + margin)
+          key                                           36  40  44
+        Mamba put                                               * m2 (state at 44)
+        EAGLE                                       |b8 |b9 |b10|b11| P = 49: ck 44, margin 4
+          key                                           36  40  44  48 = proof end
     """
     if not mamba_tail_boundaries and not publish_partial_tail:
         return []

@@ -61,8 +61,8 @@ BMC_INSTANCES: list[tuple[str, Config, int, int]] = [
 FINDINGS: list[tuple[str, Config, int, str, str]] = [
     ("priority preemption of a same-step request", Config(priority_preempt=True), 8,
      "SchedulingPolicy.PRIORITY may preempt a request whose chunk was already scheduled and "
-     "cached this step (Scheduler.schedule, SC:944-966); its freed blocks keep keys whose "
-     "KV/state was never computed, and a later lookup hits them",
+     "cached this step (Scheduler.schedule, SC:944-966, SC@0.34:960-982); its freed blocks "
+     "keep keys whose KV/state was never computed, and a later lookup hits them",
      "spec_finding_priority_preempt_stale_keys"),
 ]
 
@@ -340,8 +340,9 @@ def print_table(report: dict[str, Any]) -> None:
         print(f"  {mark} {m['name']:<30} {m['method']:<18} {m.get('invariant') or ''} "
               f"{(m.get('message') or '')[:70]}")
     if report["findings"]:
-        print("\nFindings about vLLM 0.33 (behaviour of vLLM the spec reports; not failures of "
-              "tailproof, they do not change the exit status):")
+        print("\nFindings about vLLM 0.33 and 0.34 (behaviour of vLLM the spec reports, the "
+              "same code in both releases, docs/citations.md; not failures of tailproof, they "
+              "do not change the exit status):")
     for f in report["findings"]:
         shown = "counterexample found" if f["result"] == "counterexample" else f["result"]
         print(f"  {f['name']}: {shown} ({f['invariant']}) -- {f['explanation']}")

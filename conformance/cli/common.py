@@ -225,13 +225,13 @@ def _print_divergences(results: list[CaseResult], out: TextIO, per_case: int | N
 
 
 def _refusal_label(why: str) -> str:
-    """``config.connector.X is on: ...`` -> ``X (not in vLLM 0.33)``; ``config.vllm is 0.33:
+    """``config.connector.X is on: ...`` -> ``X (not in vLLM)``; ``config.vllm is 0.33:
     ...`` -> ``vllm 0.33 (another release)``; other reasons whole."""
     if why.startswith("config.vllm is "):
         return f"vllm {why.split(' is ', 1)[1].split(':', 1)[0]} (another release)"
     if why.startswith("config.") and " is " in why:
         key = why.split(" is ", 1)[0].rsplit(".", 1)[-1]
-        return f"{key} (not in vLLM 0.33)" if "not in vLLM 0.33" in why else key
+        return f"{key} (not in vLLM)" if "not in vLLM" in why else key
     return why
 
 

@@ -1,5 +1,5 @@
-"""tailproof: replay conformance traces on the reference model, vLLM 0.33 and the tailproof
-connector, compare them op by op, and prove the spec.
+"""tailproof: replay conformance traces on the reference model, vLLM (0.33 or 0.34) and the
+tailproof connector, compare them op by op, and prove the spec.
 
 Exit status: 0 everything ran and agreed; 1 a divergence or a failed proof; 2 bad input or an
 environment that cannot run what was asked (one line on stderr naming the cause and the fix).
@@ -17,6 +17,7 @@ from tailproof import __version__
 from tailproof.conformance.cli import (
     capture,
     check,
+    diff,
     doctor,
     history,
     mutate,
@@ -43,6 +44,7 @@ SUBCOMMANDS: list[Callable[[Any], None]] = [
     check.register_check, replay.register_replay, validate.register_validate,
     record.register_record, capture.register_capture, shrink.register_shrink,
     prove.register_prove, mutate.register_mutate, history.register_history,
+    diff.register_diff,
     doctor.register_doctor, stats.register_stats, smoke.register_smoke,
 ]
 

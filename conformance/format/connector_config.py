@@ -102,13 +102,13 @@ def extension_refusal(config: Any) -> str | None:
     conf = getattr(config, "connector", None)
     for key, what in DEVIATION_SWITCHES.items():
         if conf and conf.get(key) not in (None, False):
-            return (f"config.connector.{key} is set: {what} is not in vLLM 0.33; only "
+            return (f"config.connector.{key} is set: {what} is not in vLLM 0.33 or 0.34; only "
                     "reference and impl run it")
     if not extension_on(conf):
         return None
     on = [k for k in _EXTENSION_SWITCHES if conf.get(k)]
     return (f"config.connector.{on[0]} is on: {_EXTENSION_SWITCHES[on[0]]} "
-            f"is not in vLLM 0.33; only reference and impl run it")
+            f"is not in vLLM 0.33 or 0.34; only reference and impl run it")
 
 
 def connector_config(config: Any) -> dict[str, Any]:

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from types import TracebackType
 
@@ -31,6 +32,14 @@ from tailproof.impl.stores.base import StoreError
 # (seen at 200 ms for a 65 MiB batch on a loaded 2-core machine); 2 s keeps tests and
 # benchmarks robust while eviction of read values still follows quickly (default: 10 s).
 LEASE_TTL_MS = 2000
+# For real-engine tests that check a pass was served from the store: a Mooncake get fails with
+# LEASE_EXPIRED when its transfer ends after the lease its query took (``Client::Get``: "lease
+# expired before data transfer completed"). A rank's first read also sets up its transfer
+# connection (0.8 s for 8 x 8 MiB on an idle 2-core machine, against 17 ms once set up), and
+# with several engine processes on a loaded machine a read can stall past 2 s: the load then
+# fails closed and is recomputed, and "served from the store" fails. 30 s, the RPC timeout
+# such tests already allow a master call, bounds the slowest read they tolerate.
+SLOW_READ_LEASE_TTL_MS = 30_000
 CLIENT_TTL_S = 2  # a dead client's segment is dropped after 2 s (default 10)
 
 
@@ -135,6 +144,12 @@ class LocalMaster:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+    def keys(self) -> list[str]:
+        """Every key the master holds now (its HTTP ``/get_all_keys`` on the metrics port)."""
+        url = f"http://127.0.0.1:{self.metrics_port}/get_all_keys"
+        with urllib.request.urlopen(url, timeout=30) as r:  # noqa: S310 - loopback, our master
+            return r.read().decode().split()
 
     def remove_private_log(self) -> None:
         """Delete the private log folder (only one this object created)."""

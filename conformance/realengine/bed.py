@@ -20,7 +20,8 @@ Usage::
         bed.call(my_fn, x=1)                               # any module-level fn(llm, ...)
 
 * :class:`EngineSpec`: the engine arguments the bed varies (prefix caching, executor ``uni`` /
-  ``mp``, engine core in its own process, ``kv_transfer_config``, pool size, ...); the fixed ones
+  ``mp``, engine core in its own process, ``kv_transfer_config``, pool size, another installed
+  vLLM release for this engine: ``vllm_release``, ...); the fixed ones
   are ``skip_tokenizer_init``, ``enforce_eager``, ``dtype="float32"``, token-id prompts,
   greedy sampling with ``ignore_eos``.
 * :class:`Bed`: ``generate`` (returns :class:`Completion` s), ``reset_prefix_cache``, ``call``
@@ -40,9 +41,12 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import subprocess
+import sys
 import tempfile
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -86,6 +90,9 @@ class EngineSpec:
     mamba_first: bool = False  # model.py: reproduces vLLM 0.33's block-copy bug (fixed in 0.34)
     engine_args: dict[str, Any] = field(default_factory=dict)  # any other LLM(...) argument
     env: dict[str, str] = field(default_factory=dict)  # extra environment of the bed process
+    # another installed vLLM release for this engine ("0.33"; :func:`release_sys_path`), e.g.
+    # two releases sharing one store; None: the release this process runs
+    vllm_release: str | None = None
 
     def llm_kwargs(self, model_dir: str) -> dict[str, Any]:
         """Keyword arguments of ``vllm.LLM``."""
@@ -229,6 +236,47 @@ def _generate(llm: Any, prompts: list[list[int]], max_tokens: int) -> list[Compl
 # --- the parent's handle --------------------------------------------------------------------
 
 
+def _vllm_env(*args: str) -> subprocess.CompletedProcess[str]:
+    script = Path(__file__).resolve().parents[2] / "scripts" / "vllm_env.sh"
+    if not script.exists():
+        raise BedError(f"{script} not found: another vLLM release needs a checkout of tailproof")
+    return subprocess.run([str(script), *args], capture_output=True, text=True, timeout=30,
+                          check=False)
+
+
+def release_sys_path(release: str) -> list[str]:
+    """``sys.path`` for a process on installed vLLM ``release``: its overlay first (what
+    ``scripts/vllm_env.sh RELEASE`` prints; nothing for the venv's own release), then this
+    process's path without any other release's overlay. BedError (the script's line) when the
+    release is not installed."""
+    mine = _vllm_env(release)
+    if mine.returncode != 0:
+        raise BedError(mine.stderr.strip() or f"vLLM {release} is not installed")
+    others = set()
+    for r in _vllm_env("--supported").stdout.split():
+        out = _vllm_env(r)
+        if r != release and out.returncode == 0 and out.stdout.strip():
+            others.add(os.path.realpath(out.stdout.strip()))
+    overlay = mine.stdout.strip()
+    return [*([overlay] if overlay else []),
+            *(p for p in sys.path if not p or os.path.realpath(p) not in others)]
+
+
+@contextmanager
+def _child_sys_path(release: str | None) -> Iterator[None]:
+    """While a ``spawn`` child starts (it takes the parent's ``sys.path``): the path of vLLM
+    ``release`` (:func:`release_sys_path`), restored at once; None: unchanged."""
+    if release is None:
+        yield
+        return
+    saved = sys.path[:]
+    sys.path[:] = release_sys_path(release)
+    try:
+        yield
+    finally:
+        sys.path[:] = saved
+
+
 class Bed:
     """One real engine in its own process; a context manager (``close`` on exit)."""
 
@@ -248,7 +296,8 @@ class Bed:
         self._conn, child = ctx.Pipe()
         self._proc = ctx.Process(target=_serve, args=(child, asdict(self.spec), self.model_dir),
                                  name="tailproof-testbed", daemon=False)
-        self._proc.start()
+        with _child_sys_path(self.spec.vllm_release):
+            self._proc.start()
         child.close()
         try:
             self._wait("start", start_timeout)
@@ -420,6 +469,38 @@ def corrupt_store_values(worker: Any, count: int | None = None,
     return done
 
 
+#: per worker process: the keys its store reads since :func:`record_store_reads`
+_READS: dict[str, list[str]] = {}
+
+
+def record_store_reads(worker: Any) -> bool:
+    """Record the keys of every store read of the worker's connector (loads) until
+    :func:`recorded_store_reads`."""
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+    store = get_kv_transfer_group().worker_side.store
+    read = _READS.setdefault("keys", [])
+    read.clear()
+    plain = type(store).read_batch
+
+    def recording(keys: Any, *args: Any, **kwargs: Any) -> Any:
+        read.extend(keys)
+        return plain(store, keys, *args, **kwargs)
+
+    store.read_batch = recording  # an instance attribute shadows the method
+    return True
+
+
+def recorded_store_reads(worker: Any) -> list[str]:
+    """Stop :func:`record_store_reads`; the keys read meanwhile, in order."""
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+    store = get_kv_transfer_group().worker_side.store
+    if "read_batch" in vars(store):
+        del store.read_batch
+    return list(_READS.pop("keys", []))
+
+
 def remove_store_values(worker: Any, keys: list[str], rank: int = 0) -> int:
     """Remove ``keys`` from the store, on tensor-parallel rank ``rank``'s worker only (the
     store is shared); returns how many were removed (0 on the other ranks)."""
@@ -430,11 +511,15 @@ def remove_store_values(worker: Any, keys: list[str], rank: int = 0) -> int:
     return get_kv_transfer_group().store.remove(keys)
 
 
-def wait_connector_idle(worker: Any, timeout: float) -> bool:
+def wait_connector_idle(worker: Any, timeout: float, rank: int | None = None) -> bool:
     """Wait up to ``timeout`` until the worker's connector runs no load or store job (its
-    results then wait for the next step to collect them); whether it got there."""
+    results then wait for the next step to collect them); whether it got there. ``rank``: only
+    on that tensor-parallel rank's worker (the others answer True at once, e.g. one whose store
+    calls :func:`hold_store_puts` holds)."""
     from vllm.distributed.kv_transfer import get_kv_transfer_group
 
+    if rank is not None and tp_rank(worker) != rank:
+        return True
     return get_kv_transfer_group().worker_side.wait_idle(timeout)
 
 
@@ -589,8 +674,8 @@ def scheduler_leftovers(llm: Any) -> dict[str, int]:
         "request_trackers": len(side.request_trackers),
         "unfinished_requests": len(side.unfinished_requests),
         "remembered_lookups": len(memos),
-        "finished_tail_jobs": len(side.finished_partial_tails) + len(side.finished_turn_ends),
-        "snapshot_slots": len(side.snapshot_slots),
+        "finished_tail_jobs": len(side.finished_partial_tails) + side.ext.pending_jobs(),
+        "snapshot_slots": len(side.ext.snapshot_slots()),
     }
 
 

@@ -148,6 +148,30 @@ def _step_groups(ops: list[dict[str, Any]]) -> list[list[int]]:
     return groups
 
 
+def reduce_ops(ops: list[dict[str, Any]], cut: int,
+               keeps: Callable[[list[dict[str, Any]]], bool],
+               log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """The passes of the shrink over any predicate ``keeps`` (True: the candidate still shows
+    what is kept): everything from op ``cut`` on, then whole requests, engine steps and single
+    ops, coarse to fine. ``tailproof diff`` keeps a difference between two releases with it."""
+    say = log or (lambda _m: None)
+    if keeps(ops[:cut]):
+        ops = ops[:cut]
+    say(f"cut after the diverging op: {len(ops)} ops")
+    ops = _ddmin(ops, _request_groups(ops), keeps)
+    say(f"requests: {len(ops)} ops")
+    ops = _ddmin(ops, _step_groups(ops), keeps)
+    say(f"steps: {len(ops)} ops")
+    ops = _ddmin(ops, [[j] for j in range(len(ops))], keeps)
+    say(f"ops: {len(ops)} ops")
+    return ops
+
+
+def plain_ops(trace: Trace) -> list[dict[str, Any]]:
+    """A trace's ops as a shrink starts from them: tokens expanded, expectations dropped."""
+    return _plain_ops(trace, keep_expect=False)
+
+
 def shrink(trace: Trace, adapters: list[str], strict: bool = False,
            log: Callable[[str], None] | None = None) -> ShrinkResult:
     """Smallest trace found that diverges like ``trace`` does on ``adapters``."""
@@ -165,17 +189,7 @@ def shrink(trace: Trace, adapters: list[str], strict: bool = False,
                          + ("" if keep_expect else " (adapters compared with each other)"))
     oracle = _Oracle(base, adapters, strict, want)
     before = len(ops)
-    say = log or (lambda _m: None)
-    cut = first.divergences[0].op_index + 1
-    if oracle.keeps(ops[:cut]):
-        ops = ops[:cut]
-    say(f"cut after the diverging op: {len(ops)} ops")
-    ops = _ddmin(ops, _request_groups(ops), oracle.keeps)
-    say(f"requests: {len(ops)} ops")
-    ops = _ddmin(ops, _step_groups(ops), oracle.keeps)
-    say(f"steps: {len(ops)} ops")
-    ops = _ddmin(ops, [[j] for j in range(len(ops))], oracle.keeps)
-    say(f"ops: {len(ops)} ops")
+    ops = reduce_ops(ops, first.divergences[0].op_index + 1, oracle.keeps, log)
     doc = copy.deepcopy(base)
     doc["ops"] = [dict(op, tokens=run_length(op["tokens"])) if "tokens" in op else op
                   for op in ops]

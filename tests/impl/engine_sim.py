@@ -34,8 +34,11 @@ _BASE_CONFIG: dict[int, Any] = {}  # ModelConfig per max_model_len
 
 def vllm_config(extra: dict[str, Any], kv_role: str = "kv_both", h: int = 4,
                 block_size: int = 16, max_batched: int = 2048,
-                failure_policy: str = "recompute", max_model_len: int = 4096) -> Any:
-    """A CPU ``VllmConfig`` for the tiny hybrid model with the Tailproof connector."""
+                failure_policy: str = "recompute", max_model_len: int = 4096,
+                connector: str = "TailproofConnector") -> Any:
+    """A CPU ``VllmConfig`` for the tiny hybrid model with the Tailproof connector (or another
+    connector vLLM registers by name, e.g. ``MooncakeStoreConnector``, with ``extra`` as its
+    ``kv_connector_extra_config``)."""
     from vllm.config import (
         CacheConfig,
         DeviceConfig,
@@ -52,10 +55,11 @@ def vllm_config(extra: dict[str, Any], kv_role: str = "kv_both", h: int = 4,
             max_model_len=max_model_len)
     cc = CacheConfig(block_size=block_size, enable_prefix_caching=True,
                      mamba_cache_mode="align", prefix_match_unit=h)
-    kt = KVTransferConfig(kv_connector="TailproofConnector",
-                          kv_connector_module_path="tailproof.impl.connector",
-                          kv_role=kv_role, kv_connector_extra_config=dict(extra),
-                          kv_load_failure_policy=failure_policy)
+    module = ({"kv_connector_module_path": "tailproof.impl.connector"}
+              if connector == "TailproofConnector" else {})
+    kt = KVTransferConfig(kv_connector=connector, kv_role=kv_role,
+                          kv_connector_extra_config=dict(extra),
+                          kv_load_failure_policy=failure_policy, **module)
     sc = SchedulerConfig(max_num_batched_tokens=max_batched, max_num_seqs=16,
                          max_model_len=max_model_len, is_encoder_decoder=False)
     return VllmConfig(model_config=_BASE_CONFIG[max_model_len], cache_config=cc,

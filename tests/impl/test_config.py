@@ -232,3 +232,43 @@ def test_device_junctions_needs_junction_checkpoints() -> None:
     both = parse_settings({"device_junctions": True, "junction_checkpoints": True}, None)
     resolved, probs, _ = resolve_reuse_extension(both, geo, sc, kvc)
     assert probs == [] and resolved.device_junctions and resolved.junction_checkpoints
+
+
+def test_decode_boundary_saves_use_vllms_decode_checkpoints_where_it_has_them() -> None:
+    """Rule 5 on a release that stores decode checkpoints itself (vLLM 0.34) becomes
+    ``save_decode_cache`` (rule 5's own attention puts off); elsewhere, for a consumer, or
+    with the part off, nothing changes."""
+    from tailproof.impl.config import Settings, native_decode_checkpoints
+
+    on = Settings(decode_boundary_saves=True)
+    got, note = native_decode_checkpoints(on, native=True)
+    assert (got.save_decode_cache, got.native_decode_boundaries, got.decode_boundary_saves) \
+        == (True, True, True) and note is not None
+    for settings, native in ((on, False), (Settings(), True),
+                             (Settings(decode_boundary_saves=True, kv_role="kv_consumer"), True)):
+        assert native_decode_checkpoints(settings, native) == (settings, None)
+    with pytest.raises(ConfigError, match="native_decode_boundaries"):
+        parse_settings({"native_decode_boundaries": True}, None)  # not a user key
+
+
+def test_decode_checkpoints_retain_a_state_at_every_block_as_vllm_sets_it() -> None:
+    """vLLM 0.34's Mooncake override, mirrored: with ``save_decode_cache`` and a Mamba group the
+    core's default sparse retention (0) becomes the scheduler block; a retention the user chose
+    (dense None, or an interval) stays, and so does everything on 0.33."""
+    from types import SimpleNamespace
+
+    from tailproof.impl.config import Settings, decode_checkpoint_retention
+
+    geo = StoreGeometry(core_group_ids=(0, 1), block_sizes=(64, 64), is_mamba=(False, True),
+                        hash_block_size=16, scheduler_block_size=64, partial_hits=True,
+                        use_eagle=False, num_blocks=8)
+    saves = Settings(save_decode_cache=True)
+    for settings, native, interval, want in ((saves, True, 0, 64), (saves, True, None, None),
+                                             (saves, True, 128, 128), (saves, False, 0, 0),
+                                             (Settings(), True, 0, 0)):
+        kvc = SimpleNamespace(prefix_cache_retention_interval=interval)
+        assert decode_checkpoint_retention(settings, geo, kvc, native) == (want != interval)
+        assert kvc.prefix_cache_retention_interval == want
+    attention_only = replace(geo, block_sizes=(64,), is_mamba=(False,), core_group_ids=(0,))
+    kvc = SimpleNamespace(prefix_cache_retention_interval=0)
+    assert not decode_checkpoint_retention(saves, attention_only, kvc, True)

@@ -328,11 +328,17 @@ def test_the_real_registration_passes_the_check() -> None:
 
 
 def test_padding_and_kernel_split_are_not_in_the_fingerprint() -> None:
+    """Where blocks sit in memory (page padding, the stride alignment between blocks: 0.33's
+    Mamba spec leaves ``block_stride_alignment`` None, 0.34's sets 1) is not in the digest."""
+    from vllm.v1.attention.backend import MultipleOf
+
     from tailproof.impl.fingerprint import spec_parts
 
     _, kvc, _ = _base()
-    spec = kvc.kv_cache_groups[1].kv_cache_spec
-    assert spec_parts(spec) == spec_parts(replace(spec, page_size_padded=4096))
+    for spec in (kvc.kv_cache_groups[0].kv_cache_spec, kvc.kv_cache_groups[1].kv_cache_spec):
+        assert spec_parts(spec) == spec_parts(replace(spec, page_size_padded=4096))
+        for alignment in (None, 1, 512, MultipleOf(16)):
+            assert spec_parts(spec) == spec_parts(replace(spec, block_stride_alignment=alignment))
 
 
 def test_fields_a_later_release_added_count_only_off_their_neutral_value() -> None:

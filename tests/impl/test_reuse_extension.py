@@ -87,6 +87,21 @@ def test_each_half_of_the_extension_alone(store_ns: dict, ext: dict, hit: int) -
     e1.shutdown()
 
 
+def test_decode_boundaries_are_vllms_own_where_it_has_them(store_ns: dict) -> None:
+    """vLLM 0.34 stores decode-time Mamba states itself (``save_decode_cache``;
+    ``vllm_release.decode_checkpoints``): ``decode_boundary_saves`` is served by that
+    mechanism, rule 5's own attention puts off; 0.33 has none: rule 5 as written. Either way
+    turn 2 resumes at the decode-time boundary 48, every loaded byte checked."""
+    from tailproof.impl.vllm_release import decode_checkpoints
+
+    e1, tokens = _turn1({**store_ns, "decode_boundary_saves": True}, 16)
+    native = decode_checkpoints()
+    s = e1.conn.settings
+    assert (s.save_decode_cache, s.native_decode_boundaries) == (native, native)
+    assert _turn2(dict(store_ns), tokens) == [(0, 48)]
+    e1.shutdown()
+
+
 def test_extension_off_hit_stays_at_prompt_checkpoint(store_ns: dict) -> None:
     e1, tokens = _turn1(dict(store_ns), 20)
     assert e1.conn.scheduler_side.metrics.c.total("snapshots_taken") == 0

@@ -1,0 +1,1 @@
+"""``tailproof diff``: what changes between two installed vLLM releases (docs/releases.md)."""
