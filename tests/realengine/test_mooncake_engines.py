@@ -41,13 +41,14 @@ def case(prompts: list[list[int]], truth: list[tuple[int, ...]]
 
 @pytest.fixture(scope="module")
 def master(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from tailproof.conformance.harness.local_master import LocalMaster
+    from tailproof.conformance.harness.local_master import SLOW_READ_LEASE_TTL_MS, LocalMaster
     from tailproof.impl.stores.mooncake import unavailable_reason
 
     reason = unavailable_reason()
     if reason is not None:
         pytest.skip(f"Mooncake client unavailable: {reason}")
-    m = LocalMaster(tmp_path_factory.mktemp("mooncake")).start()
+    m = LocalMaster(tmp_path_factory.mktemp("mooncake"),
+                    lease_ttl_ms=SLOW_READ_LEASE_TTL_MS).start()
     try:
         yield m
     finally:

@@ -71,7 +71,7 @@ def test_smoke_passes_on_a_real_mooncake_master(capsys: pytest.CaptureFixture[st
                                                 tmp_path: Any) -> None:
     """The check a deployment runs: the user's Mooncake store (a real master on 127.0.0.1),
     all four passes equal the truth and the store-hit pass is served from the store."""
-    from tailproof.conformance.harness.local_master import LocalMaster
+    from tailproof.conformance.harness.local_master import SLOW_READ_LEASE_TTL_MS, LocalMaster
     from tailproof.impl.stores.mooncake import unavailable_reason
 
     reason = unavailable_reason()
@@ -81,7 +81,7 @@ def test_smoke_passes_on_a_real_mooncake_master(capsys: pytest.CaptureFixture[st
     # listens on loopback only.
     monkeypatch.setenv("MC_TCP_BIND_ADDRESS", "127.0.0.1")
     monkeypatch.setenv("MC_LOG_LEVEL", "ERROR")
-    master = LocalMaster(tmp_path).start()
+    master = LocalMaster(tmp_path, lease_ttl_ms=SLOW_READ_LEASE_TTL_MS).start()
     try:
         ktc = tb.tailproof_connector({"store": "mooncake", "master_address": master.address,
                                       "namespace": "smoke-mooncake",
