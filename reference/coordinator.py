@@ -21,7 +21,7 @@ from tailproof.spec.arithmetic import cdiv, eagle_proof_margin, round_down
 Manager = FullAttentionManager  # the other managers are subclasses
 
 
-def _find_hit(
+def find_group_hit(
     kind: str, block_hashes: list[BlockHash], max_length: int, group_ids: Sequence[int],
     pool: BlockPool, block_size: int, drop: bool, alignment: int, window: int | None,
 ) -> tuple[list[list[Block]], int]:
@@ -76,7 +76,7 @@ class Coordinator:
             # mirrors UnitaryKVCacheCoordinator.find_longest_cache_hit (alignment = block size).
             m = self.managers[0]
             g = self.geo.groups[0]
-            blocks, hit = _find_hit(
+            blocks, hit = find_group_hit(
                 g.kind, block_hashes, max_cache_hit_length, [0], self.block_pool, m.block_size,
                 0 in self.geo.drop_eagle_group_ids, m.block_size, g.sliding_window,
             )
@@ -117,7 +117,7 @@ class Coordinator:
                     margin = eagle_proof_margin(
                         sg.block_size, h, geo.partial_hits and sg.kind == FULL_ATTENTION)
                     max_length = min(curr + margin, len(block_hashes) * h)
-                blocks, new_len = _find_hit(
+                blocks, new_len = find_group_hit(
                     sg.kind, block_hashes, max_length, sg.group_ids, self.block_pool,
                     sg.block_size, drop, alignment, sg.sliding_window,
                 )

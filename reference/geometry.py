@@ -115,7 +115,7 @@ class Geometry:
         if self.use_eagle and not eagle_ids:
             eagle_ids = frozenset(range(len(self.groups)))
         drop_ids = eagle_ids if self.use_eagle else frozenset()
-        attention_groups = _split_spec_groups(self.groups, drop_ids)
+        attention_groups = split_spec_groups(self.groups, drop_ids)
         # Manager.use_eagle: hybrid propagates the spec-group bit
         # (verify_and_split_kv_cache_groups); unitary sets ``0 in drop_eagle_group_ids``.
         use = [False] * len(self.groups)
@@ -214,7 +214,7 @@ class Geometry:
         )
 
 
-def _split_spec_groups(
+def split_spec_groups(
     groups: tuple[GroupSpec, ...], drop_ids: frozenset[int]
 ) -> tuple[SpecGroup, ...]:
     """Mirrors ``HybridKVCacheCoordinator.verify_and_split_kv_cache_groups``: groups with an

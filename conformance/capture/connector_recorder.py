@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
 # A refused put batch as the worker sees it, and its ``worker_run.store`` script entry.
 REFUSALS = {"full": ("full", -200), "error": ("error", -1), "timeout": ("raise", 0)}
@@ -71,7 +72,37 @@ class RefusingStore:
         return getattr(self.inner, name)
 
 
-def install(rec: Any, workers: list[Any],
+class RecorderHooks(Protocol):
+    """What this module needs of the ``Recorder`` (``recorder.py``): the scheduler it wraps,
+    ops queued around a call, and the two pieces of state a connector op shares with the core
+    recorder. Nothing else of the recorder is reached."""
+
+    scheduler: Any
+
+    def sync(self, request: Any) -> None:
+        """Queue the request-side ops a replay needs before a call on ``request``."""
+
+    def sync_known(self, request: Any) -> None:
+        """``sync`` for a request the trace holds already."""
+
+    def emit(self, op: dict[str, Any], expect: dict[str, Any]) -> None:
+        """Queue one op (``free`` read now)."""
+
+    def inside_op(self) -> AbstractContextManager[None]:
+        """Manager calls made inside are part of the op being recorded."""
+
+    @property
+    def nested(self) -> bool:
+        """Whether a call now is made inside an op being recorded."""
+
+    def absorb_truncate(self, on: bool) -> None:
+        """While on, the scheduler's truncate is part of the connector's lookup op."""
+
+    def take_finish_pending(self) -> str | None:
+        """The request whose ``conn_finish`` is still to be written, taken once."""
+
+
+def install(rec: RecorderHooks, workers: list[Any],
             store_plan: Callable[[int], Callable[[], str]] | None = None) -> None:
     """Record ``rec.scheduler``'s connector calls and ``workers``' (rank order) store runs;
     ``store_plan(rank)`` scripts that rank's put outcomes (``RefusingStore``)."""
@@ -82,39 +113,36 @@ def install(rec: Any, workers: list[Any],
         orig = getattr(obj, name)
 
         def inner(*a: Any, **k: Any) -> Any:
-            rec._depth += 1  # manager calls the connector makes are part of its op
-            try:
+            with rec.inside_op():  # manager calls the connector makes are part of its op
                 return orig(*a, **k)
-            finally:
-                rec._depth -= 1
 
         setattr(obj, name, functools.wraps(orig)(functools.partial(handler, inner)))
 
     def sched_lookup(orig: Any, request: Any, num_computed_tokens: int) -> Any:
-        rec._sync(request)
+        rec.sync(request)
         out = orig(request, num_computed_tokens)
-        rec._emit({"op": "sched_lookup", "rid": request.request_id,
-                   "local": num_computed_tokens}, {"ext": out[0], "async": bool(out[1])})
-        rec._absorb_truncate = True  # the scheduler's truncate that follows is part of it
+        rec.emit({"op": "sched_lookup", "rid": request.request_id,
+                  "local": num_computed_tokens}, {"ext": out[0], "async": bool(out[1])})
+        rec.absorb_truncate(True)  # the scheduler's truncate that follows is part of it
         return out
 
     def conn_step(orig: Any, so: Any) -> Any:
         out = orig(so)  # free is read after: the step's pins are taken here
-        rec._emit({"op": "conn_step", "finished": sorted(so.finished_req_ids),
-                   "preempted": sorted(so.preempted_req_ids),
-                   "scheduled": dict(so.num_scheduled_tokens)}, {})
-        rec._absorb_truncate = False
+        rec.emit({"op": "conn_step", "finished": sorted(so.finished_req_ids),
+                  "preempted": sorted(so.preempted_req_ids),
+                  "scheduled": dict(so.num_scheduled_tokens)}, {})
+        rec.absorb_truncate(False)
         return out
 
     def worker_report(orig: Any, output: Any) -> Any:
         out = orig(output)
-        rec._emit({"op": "worker_report"}, {})
+        rec.emit({"op": "worker_report"}, {})
         return out
 
     def worker_run(rank: int, orig: Any) -> Any:
         if rank == 0:  # the step's commits come before any worker runs its jobs
             for req in list(sched.running):
-                rec._sync_known(req)
+                rec.sync_known(req)
         out = orig()
         # TailproofConnector's wait_for_save only queues the jobs (one sender thread, FIFO):
         # a worker_run is the jobs run to completion, so the rank is settled before the op
@@ -126,7 +154,7 @@ def install(rec: Any, workers: list[Any],
         script = stores[rank].take() if stores else []
         if script:
             op["store"] = script
-        rec._emit(op, {})
+        rec.emit(op, {})
         return out
 
     for rank, wc in enumerate(workers):
@@ -152,7 +180,7 @@ def install(rec: Any, workers: list[Any],
         wrap(wc, "wait_for_save", functools.partial(worker_run, rank))
 
 
-def install_finish_hand_off(rec: Any) -> None:
+def install_finish_hand_off(rec: RecorderHooks) -> None:
     """``Scheduler._connector_finished`` calls ``finalize_partial_tail_offloads`` and then
     ``remove_skipped_blocks`` before the connector sees the block table: both are the
     ``conn_finish`` op (its ``free`` is read after the second). Installed over the recorder's
@@ -162,16 +190,12 @@ def install_finish_hand_off(rec: Any) -> None:
 
     @functools.wraps(orig)
     def remove_skipped_blocks(*a: Any, **k: Any) -> Any:
-        rid = rec._finish_pending
-        if rid is None or rec._depth:
+        rid = None if rec.nested else rec.take_finish_pending()
+        if rid is None:
             return orig(*a, **k)
-        rec._finish_pending = None
-        rec._depth += 1
-        try:
+        with rec.inside_op():
             out = orig(*a, **k)
-        finally:
-            rec._depth -= 1
-        rec._emit({"op": "conn_finish", "rid": rid}, {})
+        rec.emit({"op": "conn_finish", "rid": rid}, {})
         return out
 
     mgr.remove_skipped_blocks = remove_skipped_blocks

@@ -44,8 +44,10 @@ the recorder checks call by call and does not count.)
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -442,12 +444,12 @@ class Recorder:
     def _evict(self, orig: Any) -> Any:
         def after(a: tuple[Any, ...], out: Any) -> None:
             ids = sorted(a[0])
-            self._emit({"op": "evict", "blocks": ids}, {"evicted": ids})
+            self.emit({"op": "evict", "blocks": ids}, {"evicted": ids})
         return self._rare(orig, after)
 
     def _reset(self, orig: Any) -> Any:
         def after(a: tuple[Any, ...], out: Any) -> None:
-            self._emit({"op": "reset"}, {"ok": bool(out)})
+            self.emit({"op": "reset"}, {"ok": bool(out)})
         return self._rare(orig, after)
 
     def _count(self, orig: Any, name: str) -> Any:
@@ -493,22 +495,47 @@ class Recorder:
             return out
         return call
 
-    # -- queueing (also used by the connector recorder) ----------------------------------
+    # -- what the connector recorder uses (connector_recorder.RecorderHooks) ---------------
     def _pre(self, req: Any) -> tuple[Any, ...]:
         return (req, len(req._all_token_ids), len(req.block_hashes), req.num_computed_tokens,
                 req.num_in_flight_tokens, self._queue.num_free_blocks)
 
-    def _sync(self, req: Any) -> None:
+    def sync(self, req: Any) -> None:
         """Queue the request-side ops a replay needs before a call on ``req``."""
         self._push((self.builder.sync, self._pre(req)))
 
-    def _sync_known(self, req: Any) -> None:
-        """``_sync`` for a request the trace holds already (skipped otherwise)."""
+    def sync_known(self, req: Any) -> None:
+        """``sync`` for a request the trace holds already (skipped otherwise)."""
         self._push((self.builder.sync_known, self._pre(req)))
 
-    def _emit(self, op: dict[str, Any], expect: dict[str, Any]) -> None:
+    def emit(self, op: dict[str, Any], expect: dict[str, Any]) -> None:
         """An op built here (the rare kinds); ``free`` is read now, encoding happens later."""
         self._push((self.builder.emit, op, expect, self._queue.num_free_blocks))
+
+    @contextlib.contextmanager
+    def inside_op(self) -> Iterator[None]:
+        """Manager calls made inside are part of the op being recorded (not ops of their own)."""
+        self._depth += 1
+        try:
+            yield
+        finally:
+            self._depth -= 1
+
+    @property
+    def nested(self) -> bool:
+        """Whether a call now is made inside an op being recorded."""
+        return self._depth > 0
+
+    def absorb_truncate(self, on: bool) -> None:
+        """While on, the scheduler's ``truncate_computed_blocks`` is part of the connector's
+        lookup op (``sched_lookup``), not an op of its own."""
+        self._absorb_truncate = on
+
+    def take_finish_pending(self) -> str | None:
+        """The request whose finish-time hand-off (``conn_finish``) is still to be written, if
+        any; taken once."""
+        rid, self._finish_pending = self._finish_pending, None
+        return rid
 
     def _hand_over(self) -> None:
         """Send the ops queued so far to the writer thread (at a step start, once there are

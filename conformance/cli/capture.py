@@ -8,11 +8,8 @@ import sys
 import time
 from typing import Any
 
-from tailproof.conformance.cli.common import (
-    _signals_unwind,
-    _sub,
-    resolve_adapters,
-)
+from tailproof.conformance.cli.options import add_command
+from tailproof.conformance.cli.running import resolve_adapters, signals_unwind
 from tailproof.conformance.harness import report, vllm_compat
 from tailproof.conformance.harness.errors import OK, UsageError
 from tailproof.conformance.tools.capture_engine.run import CaptureError, capture, check_arguments
@@ -34,7 +31,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
     resolve_adapters(["vllm"], skip_missing=False, info=info)
     try:
         # SIGTERM unwinds like Ctrl-C: the recorder closes its file, the engine shuts down
-        with _signals_unwind():
+        with signals_unwind():
             res = capture(args.workload, args.output, seed=args.seed, connector=args.connector,
                           geometry=args.geometry, redact=args.redact, max_bytes=args.max_bytes)
     except CaptureError as e:
@@ -57,8 +54,8 @@ def cmd_capture(args: argparse.Namespace) -> int:
 
 
 def register_capture(sub: Any) -> None:
-    cap = _sub(sub, "capture", "run a named workload on vLLM 0.33's real Scheduler (CPU, "
-               "weightless model) and record it as a trace", cmd_capture)
+    cap = add_command(sub, "capture", "run a named workload on vLLM 0.33's real Scheduler (CPU, "
+                      "weightless model) and record it as a trace", cmd_capture)
     cap.add_argument("--workload", required=True, metavar="NAME",
                      help=f"one of: {', '.join(WORKLOADS)}")
     cap.add_argument("-o", "--output", required=True, metavar="FILE",

@@ -8,23 +8,24 @@ import sys
 import time
 from typing import Any, TextIO
 
-from tailproof.conformance.cli.common import (
-    _check_junit,
-    _conformance,
-    _finish,
-    _history_findings,
-    _print_divergences,
-    _print_refusals,
-    _report_args,
-    _store_args,
-    _sub,
-    _vllm_line,
-    load_all,
-    parse_adapters,
-    resolve_adapters,
-)
 from tailproof.conformance.cli.mutate import add_arguments, run_from_args
-from tailproof.conformance.cli.prove import _require_prover
+from tailproof.conformance.cli.options import (
+    add_command,
+    add_report_options,
+    add_store_options,
+    check_junit,
+    parse_adapters,
+)
+from tailproof.conformance.cli.output import (
+    finish_report,
+    history_findings,
+    print_divergences,
+    print_refusals,
+    vllm_line,
+)
+from tailproof.conformance.cli.prove import require_prover
+from tailproof.conformance.cli.running import resolve_adapters, run_conformance
+from tailproof.conformance.cli.traces import load_all
 from tailproof.conformance.harness import report, vllm_compat
 from tailproof.conformance.harness.adapters import ADAPTERS
 from tailproof.conformance.harness.corpus import corpus_paths
@@ -36,7 +37,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     t_start = time.perf_counter()
     run: Any = None
     if not args.no_prove:
-        _require_prover()
+        require_prover()
         from tailproof.spec import prove  # deferred: z3/hypothesis are optional (--no-prove)
 
         # Started first: the pool forks from a process without vLLM and torch loaded and proves
@@ -54,13 +55,13 @@ def _check(args: argparse.Namespace, t_start: float, run: Any) -> int:
     wanted = parse_adapters(args.adapters, "--adapters") if args.adapters else list(ADAPTERS)
     info = vllm_compat.inspect_vllm(wanted)
     adapters, not_run = resolve_adapters(wanted, skip_missing=True, info=info)
-    _check_junit(args)
+    check_junit(args)
     traces = load_all(corpus_paths())
-    print(f"tailproof check: {len(traces)} cases on {', '.join(adapters)} ({_vllm_line(info)})"
+    print(f"tailproof check: {len(traces)} cases on {', '.join(adapters)} ({vllm_line(info)})"
           + (f"; not run: {'; '.join(not_run.values())}" if not_run else ""), file=sys.stderr)
-    results, seconds = _conformance(args, traces, adapters, strict=False, progress=True)
-    _print_divergences(results, out, per_case=1)
-    _print_refusals(results, out)
+    results, seconds = run_conformance(args, traces, adapters, strict=False, progress=True)
+    print_divergences(results, out, per_case=1)
+    print_refusals(results, out)
     n_div = sum(len(r.divergences) for r in results)
     print(f"conformance: {len(results)} cases, {sum(len(t.ops) for t in traces)} ops, "
           f"{n_div} divergences, {seconds:.1f}s", file=out)
@@ -77,10 +78,10 @@ def _check(args: argparse.Namespace, t_start: float, run: Any) -> int:
         with contextlib.redirect_stdout(out):
             prove.print_table(rep)
         print(f"proofs: {'FAILED' if failed else 'passed'} ({rep['seconds']:.1f}s)", file=out)
-    findings += _history_findings(results, out, static=True)
+    findings += history_findings(results, out, static=True)
     mutation = _check_mutation(out) if args.mutate else None
-    return _finish(args, "check", info, adapters, not_run, False, results, seconds, proofs,
-                   findings, t_start, mutation)
+    return finish_report(args, "check", info, adapters, not_run, False, results, seconds, proofs,
+                         findings, t_start, mutation)
 
 
 def _check_mutation(out: TextIO) -> dict[str, Any]:
@@ -97,8 +98,8 @@ def _check_mutation(out: TextIO) -> dict[str, Any]:
 
 
 def register_check(sub: Any) -> None:
-    c = _sub(sub, "check", "run the corpus on every installed adapter, then the proofs",
-             cmd_check)
+    c = add_command(sub, "check", "run the corpus on every installed adapter, then the proofs",
+                    cmd_check)
     c.add_argument("--adapters", default=None, metavar="A,B",
                    help="comma-separated adapters to run (default: every adapter whose "
                         f"packages are installed; known: {', '.join(ADAPTERS)})")
@@ -108,5 +109,5 @@ def register_check(sub: Any) -> None:
     c.add_argument("--mutate", action="store_true",
                    help="also score the suite against the vLLM mutant catalog (minutes; exit 1 "
                         "below the kit's minimum score)")
-    _report_args(c)
-    _store_args(c)
+    add_report_options(c)
+    add_store_options(c)

@@ -15,7 +15,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
-from tailproof.conformance.cli.common import _check_junit, _sub, load_all, parse_adapters
+from tailproof.conformance.cli.options import add_command, check_junit, parse_adapters
+from tailproof.conformance.cli.traces import load_all
 from tailproof.conformance.harness import report, vllm_compat
 from tailproof.conformance.harness.corpus import CASES_DIR
 from tailproof.conformance.harness.errors import DIVERGED, OK, UsageError
@@ -60,7 +61,7 @@ def write_junit(rep: DiffReport, path: Path) -> None:
 
 def cmd_diff(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
-    _check_junit(args)
+    check_junit(args)
     adapters = parse_adapters(args.adapters, "--adapters")
     other = [a for a in adapters if a not in VLLM_BACKED]
     if other:
@@ -99,10 +100,10 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 
 def register_diff(sub: Any) -> None:
-    p = _sub(sub, "diff", "replay traces on two installed vLLM releases and report every "
-             "behaviour change: its first differing op, shrunk, and whether a documented rule "
-             "change or a fixed upstream bug explains it (exit 1: some change is unexplained)",
-             cmd_diff)
+    p = add_command(sub, "diff", "replay traces on two installed vLLM releases and report "
+                    "every behaviour change: its first differing op, shrunk, and whether a "
+                    "documented rule change or a fixed upstream bug explains it (exit 1: some "
+                    "change is unexplained)", cmd_diff)
     p.add_argument("traces", nargs="*", metavar="TRACE",
                    help="trace files or directories (unset: the corpus)")
     p.add_argument("--from", dest="from_side", default=DEFAULT_FROM, metavar="RELEASE[=DIR]",

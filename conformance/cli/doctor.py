@@ -6,9 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from tailproof.conformance.cli.common import (
-    _sub,
-)
+from tailproof.conformance.cli.options import add_command
 from tailproof.conformance.harness.errors import OK
 from tailproof.conformance.tools import doctor
 
@@ -22,6 +20,6 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def register_doctor(sub: Any) -> None:
-    d = _sub(sub, "doctor", "show the installed vLLM, torch, z3, hypothesis, Mooncake and "
-             "libibverbs, and what each enables", cmd_doctor)
+    d = add_command(sub, "doctor", "show the installed vLLM, torch, z3, hypothesis, Mooncake and "
+                    "libibverbs, and what each enables", cmd_doctor)
     d.add_argument("--json", action="store_true", help="print one JSON document on stdout")

@@ -10,11 +10,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tailproof.conformance.cli.common import (
-    _sub,
-    load_all,
-    resolve_adapters,
-)
+from tailproof.conformance.cli.options import add_command
+from tailproof.conformance.cli.running import resolve_adapters
+from tailproof.conformance.cli.traces import load_all
 from tailproof.conformance.harness import vllm_compat
 from tailproof.conformance.harness.adapters import ADAPTERS
 from tailproof.conformance.harness.errors import OK, UsageError
@@ -62,8 +60,8 @@ def cmd_expect(args: argparse.Namespace) -> int:
 
 
 def register_expect(sub: Any) -> None:
-    rec = _sub(sub, "expect", "write one adapter's observations into traces as expectations",
-               cmd_expect, aliases=("record",))
+    rec = add_command(sub, "expect", "write one adapter's observations into traces as expectations",
+                      cmd_expect, aliases=("record",))
     rec.add_argument("traces", nargs="+", metavar="TRACE",
                      help="trace files, or directories of them (several need --in-place)")
     rec.add_argument("--adapters", "--adapter", dest="adapter", default="vllm",

@@ -18,7 +18,7 @@ import sys
 import time
 from typing import Any
 
-from tailproof.conformance.cli.common import _sub
+from tailproof.conformance.cli.options import add_command
 from tailproof.conformance.format.trace import load_trace
 from tailproof.conformance.harness import report, vllm_compat
 from tailproof.conformance.harness.errors import DIVERGED, OK, UsageError
@@ -157,7 +157,7 @@ def cmd_history(args: argparse.Namespace) -> int:
 
 
 def register_history(sub: Any) -> None:
-    add_arguments(_sub(sub, "history", "list every upstream bug of the partial-tail path: its "
-                       "status in each supported vLLM release, the case or finding that "
-                       "covers it on the installed one, the mutant that re-introduces it and "
-                       "whether the case kills it", cmd_history))
+    add_arguments(add_command(
+        sub, "history", "list every upstream bug of the partial-tail path: its status in each "
+        "supported vLLM release, the case or finding that covers it on the installed one, the "
+        "mutant that re-introduces it and whether the case kills it", cmd_history))

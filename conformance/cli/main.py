@@ -29,7 +29,7 @@ from tailproof.conformance.cli import (
     stats,
     validate,
 )
-from tailproof.conformance.cli.common import _Formatter
+from tailproof.conformance.cli.options import HelpFormatter
 from tailproof.conformance.format.trace import TraceError
 from tailproof.conformance.harness.adapters import AdapterUnavailable
 from tailproof.conformance.harness.environment import classify
@@ -60,7 +60,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> Parser:
-    p = Parser(prog="tailproof", description=__doc__, formatter_class=_Formatter)
+    p = Parser(prog="tailproof", description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--version", action="version", version=f"tailproof {__version__}")
     p.add_argument("--debug", action="store_true",
                    help="show the Python traceback of an error")

@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from tailproof.conformance.cli.common import _sub
+from tailproof.conformance.cli.options import add_command
 from tailproof.conformance.harness.corpus import corpus_paths
 from tailproof.conformance.harness.errors import DIVERGED, OK, UsageError
 from tailproof.conformance.tools.mutate import impl_extension as ext
@@ -133,8 +133,8 @@ def cmd_mutate(args: argparse.Namespace) -> int:
 
 
 def register_mutate(sub: Any) -> None:
-    mu = _sub(sub, "mutate", "score the suite against mutants of the installed vLLM's own "
-              "partial-tail code (0.33 or 0.34; corpus plus the generators' fixed budget)",
-              cmd_mutate)
+    mu = add_command(sub, "mutate", "score the suite against mutants of the installed vLLM's own "
+                     "partial-tail code (0.33 or 0.34; corpus plus the generators' fixed budget)",
+                     cmd_mutate)
     mu.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     add_arguments(mu)

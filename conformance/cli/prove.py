@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tailproof.conformance.cli.common import _sub
+from tailproof.conformance.cli.options import add_command
 from tailproof.conformance.harness.errors import UsageError
 
 
@@ -63,7 +63,7 @@ if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
 
 
-def _require_prover() -> None:
+def require_prover() -> None:
     for module, dist in (("z3", "z3-solver"), ("hypothesis", "hypothesis")):
         if importlib.util.find_spec(module) is None:
             raise UsageError(f"the proofs need {dist}, which is not installed",
@@ -71,7 +71,7 @@ def _require_prover() -> None:
 
 
 def cmd_prove(args: argparse.Namespace) -> int:
-    _require_prover()
+    require_prover()
     if args.export is not None and not Path(args.export).is_dir():
         raise UsageError(f"--export: {args.export} is not a directory", "create it first")
     if args.jobs is not None and args.jobs < 1:
@@ -84,8 +84,8 @@ def cmd_prove(args: argparse.Namespace) -> int:
 
 
 def register_prove(sub: Any) -> None:
-    pr = _sub(sub, "prove", "run the spec's lemmas, bounded checks and mutants (progress on "
-              "stderr; findings about vLLM reported apart, never as failures)", cmd_prove)
+    pr = add_command(sub, "prove", "run the spec's lemmas, bounded checks and mutants (progress on "
+                     "stderr; findings about vLLM reported apart, never as failures)", cmd_prove)
     pr.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     pr.add_argument("--quick", action="store_true", help="lower bounds (a few seconds)")
     pr.add_argument("--export", default=None, metavar="DIR",

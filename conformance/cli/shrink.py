@@ -9,14 +9,9 @@ import time
 from typing import Any
 
 from tailproof.conformance.capture.writer import write_trace
-from tailproof.conformance.cli.common import (
-    _Spelled,
-    _spelling,
-    _sub,
-    load_all,
-    parse_adapters,
-    resolve_adapters,
-)
+from tailproof.conformance.cli.options import SpelledOption, add_command, parse_adapters, spelling
+from tailproof.conformance.cli.running import resolve_adapters
+from tailproof.conformance.cli.traces import load_all
 from tailproof.conformance.harness import report, vllm_compat
 from tailproof.conformance.harness.adapters import ADAPTERS
 from tailproof.conformance.harness.errors import OK, UsageError
@@ -27,7 +22,7 @@ def cmd_shrink(args: argparse.Namespace) -> int:
     """Delta-debug a diverging trace down to a small one with the same divergence."""
     t_start = time.perf_counter()
 
-    wanted = parse_adapters(args.adapters, _spelling(args, "adapters", "--adapters"))
+    wanted = parse_adapters(args.adapters, spelling(args, "adapters", "--adapters"))
     info = vllm_compat.inspect_vllm(wanted)
     adapters, _ = resolve_adapters(wanted, skip_missing=False, info=info)
     (trace,) = load_all([args.trace])
@@ -63,10 +58,10 @@ def cmd_shrink(args: argparse.Namespace) -> int:
 
 
 def register_shrink(sub: Any) -> None:
-    sh = _sub(sub, "shrink", "delta-debug a diverging trace to a small one that keeps the same "
-              "divergence (op kind and field)", cmd_shrink)
+    sh = add_command(sub, "shrink", "delta-debug a diverging trace to a small one that keeps "
+                     "the same divergence (op kind and field)", cmd_shrink)
     sh.add_argument("trace", metavar="TRACE", help="a trace that diverges")
-    sh.add_argument("--adapters", "--against", dest="adapters", action=_Spelled,
+    sh.add_argument("--adapters", "--against", dest="adapters", action=SpelledOption,
                     default="reference,vllm", metavar="A,B",
                     help=f"comma-separated adapters (known: {', '.join(ADAPTERS)}; --against is "
                     "the older spelling)")

@@ -6,7 +6,8 @@ import argparse
 import json
 from typing import Any
 
-from tailproof.conformance.cli.common import _sub, stdout_to_stderr
+from tailproof.conformance.cli.options import add_command
+from tailproof.conformance.cli.output import stdout_to_stderr
 from tailproof.conformance.harness.errors import DIVERGED, OK, UsageError
 from tailproof.conformance.realengine import smoke
 
@@ -22,9 +23,10 @@ def cmd_smoke(args: argparse.Namespace) -> int:
 
 
 def register_smoke(sub: Any) -> None:
-    s = _sub(sub, "smoke", "check a connector configuration in vLLM's real engine on CPU: cold, "
-             "warm, store-hit and after-reset passes of a tiny hybrid model must equal an "
-             "engine without prefix caching (exit 1 names the failing pass)", cmd_smoke)
+    s = add_command(sub, "smoke", "check a connector configuration in vLLM's real engine on "
+                    "CPU: cold, warm, store-hit and after-reset passes of a tiny hybrid model "
+                    "must equal an engine without prefix caching (exit 1 names the failing pass)",
+                    cmd_smoke)
     s.add_argument("--kv-transfer-config", required=True, metavar="JSON",
                    help="the kv_transfer_config your engine runs (JSON, or @FILE), naming "
                         "TailproofConnector with your store and namespace")

@@ -6,9 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from tailproof.conformance.cli.common import (
-    _sub,
-)
+from tailproof.conformance.cli.options import add_command
 from tailproof.conformance.harness.errors import OK, UsageError
 from tailproof.conformance.tools import stats
 
@@ -22,8 +20,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 
 def register_stats(sub: Any) -> None:
-    s = _sub(sub, "stats", "read a running engine's /metrics and print the connector's "
-             "lookups, hit split, puts/gets, failures and pinned blocks", cmd_stats)
+    s = add_command(sub, "stats", "read a running engine's /metrics and print the connector's "
+                    "lookups, hit split, puts/gets, failures and pinned blocks", cmd_stats)
     s.add_argument("url", metavar="URL",
                    help="the engine's address or metrics URL, e.g. http://127.0.0.1:8000")
     s.add_argument("--timeout", type=float, default=5.0,

@@ -5,10 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from tailproof.conformance.cli.common import (
-    _sub,
-    load_all,
-)
+from tailproof.conformance.cli.options import add_command
+from tailproof.conformance.cli.traces import load_all
 from tailproof.conformance.harness.errors import OK
 
 
@@ -19,7 +17,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def register_validate(sub: Any) -> None:
-    v = _sub(sub, "validate", "check traces against the format and limits without running them",
-             cmd_validate)
+    v = add_command(sub, "validate", "check traces against the format and limits without "
+                    "running them", cmd_validate)
     v.add_argument("traces", nargs="+", metavar="TRACE",
                    help="trace files, or directories standing for their *.json")

@@ -18,7 +18,7 @@ from tailproof.reference.geometry import (
     MAMBA_ALIGN,
     Geometry,
     SpecGroup,
-    _split_spec_groups,
+    split_spec_groups,
 )
 from tailproof.spec.arithmetic import eagle_proof_margin, lcm_all
 
@@ -118,7 +118,7 @@ class StoreGeometry:
         # _verify_and_split_kv_cache_groups: a spec group is EAGLE when one of its groups is
         # flagged (``is_eagle_group``); all are when EAGLE is on and none is (MCO:206-207).
         flagged = frozenset(i for i, g in enumerate(geo.groups) if g.eagle)
-        merged = _split_spec_groups(geo.groups, flagged)
+        merged = split_spec_groups(geo.groups, flagged)
         if use_eagle and not any(sg.use_eagle for sg in merged):
             merged = tuple(SpecGroup(sg.kind, sg.block_size, sg.group_ids, True,
                                      sg.sliding_window) for sg in merged)

@@ -19,7 +19,7 @@ from tailproof.reference.block_pool import Block
 from tailproof.reference.connector.config import StoreGeometry
 from tailproof.reference.connector.masks import lookup_mask
 from tailproof.reference.connector.meta import LoadSpec, TailKeyBoundary
-from tailproof.reference.coordinator import _find_hit
+from tailproof.reference.coordinator import find_group_hit
 from tailproof.reference.geometry import FULL_ATTENTION, MAMBA_ALIGN, SpecGroup
 from tailproof.spec.arithmetic import cdiv, eagle_proof_margin
 
@@ -47,7 +47,7 @@ class ExternalCachedBlockPool:
 def _finder(geo: StoreGeometry, sg: SpecGroup, hashes: list[bytes], max_length: int,
             pool: ExternalCachedBlockPool, drop: bool) -> int:
     """The hit length of the spec group's manager class (the reference core's finders)."""
-    _, hit = _find_hit(sg.kind, hashes, max_length, sg.group_ids, pool,  # type: ignore[arg-type]
+    _, hit = find_group_hit(sg.kind, hashes, max_length, sg.group_ids, pool,  # type: ignore[arg-type]
                        sg.block_size, drop, geo.alignment, sg.sliding_window)
     return hit
 

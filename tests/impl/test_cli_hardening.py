@@ -14,15 +14,15 @@ from pathlib import Path
 
 import pytest
 
-import tailproof.conformance.cli.common as cli_common
 import tailproof.conformance.cli.main as cli
+import tailproof.conformance.cli.running as cli_running
 from tailproof.conformance.harness import netns
 
 
 def _options(master: str | None, store: str) -> dict:  # type: ignore[type-arg]
     args = argparse.Namespace(store=store, mooncake_master=master, device="cpu")
     with contextlib.ExitStack() as stack:
-        return cli_common._impl_options(args, ["reference", "impl"], stack)
+        return cli_running.impl_options(args, ["reference", "impl"], stack)
 
 
 def test_mooncake_master_warns_of_wildcard_listeners(monkeypatch: pytest.MonkeyPatch,
