@@ -47,7 +47,7 @@ def _calls(name: str, events: list, geom: object) -> int:
     pr.enable()
     tsc._play_all(play, evs)
     pr.disable()
-    return int(pstats.Stats(pr).total_calls)  # type: ignore[attr-defined]
+    return int(pstats.Stats(pr).total_calls)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -325,36 +325,11 @@ def torch_copy_seconds(nbytes: int, rounds: int = 7) -> float:
     return statistics.median(times)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--store", choices=["memory", "network"], default="memory")
-    ap.add_argument("--gbps", type=float, default=1.5)
-    ap.add_argument("--matmuls", type=int, default=4)
-    ap.add_argument("--requests", type=int, default=2)
-    ap.add_argument("--num-blocks", type=int, default=28)
-    ap.add_argument("--vllm-peer", action="store_true",
-                    help="also run vLLM 0.33's MooncakeStoreConnector sending thread (engine V) "
-                         "on the same jobs, interleaved with A and B")
-    args = ap.parse_args(argv)
-    torch.set_num_threads(1)
-    print(f"load before: {os.getloadavg()}, {os.cpu_count()} CPUs, torch threads "
-          f"{torch.get_num_threads()}")
-    kv = make_kv(args.num_blocks)
-    extra = {"store": "memory", "namespace": f"bench-{os.getpid()}",
-             "capacity_bytes": "512MB"}
-    inner = MemoryStore(512 << 20)  # small enough that evicted values are recycled (steady state)
-    store: Store = inner if args.store == "memory" else LinkStore(inner, args.gbps)
-    plant_store(extra, store)
-    a = BenchEngine(kv, args.num_blocks, extra, args.matmuls)
-    b = BenchEngine(kv, args.num_blocks, None, args.matmuls)
-    v = None
-    if args.vllm_peer:
-        from vllm_peer import FakeMooncakeStore
-
-        fake = FakeMooncakeStore(512 << 20, args.gbps if args.store == "network" else None)
-        v = BenchEngine(kv, args.num_blocks, {**extra, "namespace": extra["namespace"] + "-v"},
-                        args.matmuls, peer_store=fake)
+def run_rounds(args: argparse.Namespace, a: BenchEngine, b: BenchEngine,
+               v: BenchEngine | None) -> tuple[list[float], list[float], list[float],
+                                                 list[float], list[list[int]]]:
+    """The paired rounds (round 0 warms up): A with the connector, B without, V (vLLM's
+    sending thread) when given, in an order that rotates; per round its times and ratios."""
     import random
 
     ratios, ta, tb, vratios = [], [], [], []
@@ -379,6 +354,13 @@ def main(argv: list[str] | None = None) -> int:
             extra_v = f"; vLLM's Mooncake worker {got['v'] * 1e3:.1f} ms, ratio {vratios[-1]:.3f}"
         print(f"round {r}: with connector {got['a'] * 1e3:.1f} ms, without "
               f"{got['b'] * 1e3:.1f} ms, ratio {ratios[-1]:.3f}{extra_v}")
+    return ratios, ta, tb, vratios, prompts
+
+
+def print_saves(args: argparse.Namespace, a: BenchEngine, b: BenchEngine, v: BenchEngine | None,
+                fake: Any, ratios: list[float], ta: list[float], tb: list[float],
+                vratios: list[float]) -> None:
+    """The save side's figures: step times, phases, paired ratios, bytes, job latencies."""
     ws = a.wc.worker_side
     lat = a.latencies["job_latency_s"]
     m = ws.metrics.c
@@ -410,8 +392,12 @@ def main(argv: list[str] | None = None) -> int:
               f"reported (pins released at the next step) median "
               f"{statistics.median(lat) * 1e3:.1f} ms, min {min(lat) * 1e3:.1f} ms; torch copy "
               f"of the same bytes {torch_copy_seconds(int(per_job)) * 1e3:.1f} ms")
-    # Loads: a fresh engine (same store, same KV tensors) serves the last round's prompts
-    # again: every request loads its stored prefix while the others are computed.
+
+
+def run_loads(kv: Any, args: argparse.Namespace, extra: dict[str, Any],
+              prompts: list[list[int]]) -> None:
+    """Loads: a fresh engine (same store, same KV tensors) serves the last round's prompts
+    again: every request loads its stored prefix while the others are computed."""
     c = BenchEngine(kv, args.num_blocks, extra, args.matmuls)
     cws = c.wc.worker_side
     c.run_round(prompts, "load")
@@ -428,6 +414,42 @@ def main(argv: list[str] | None = None) -> int:
               f"bytes {torch_copy_seconds(per) * 1e3:.1f} ms; failed "
               f"{cws.metrics.c.total('load_failures')}")
     c.wc.worker_side.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--store", choices=["memory", "network"], default="memory")
+    ap.add_argument("--gbps", type=float, default=1.5)
+    ap.add_argument("--matmuls", type=int, default=4)
+    ap.add_argument("--requests", type=int, default=2)
+    ap.add_argument("--num-blocks", type=int, default=28)
+    ap.add_argument("--vllm-peer", action="store_true",
+                    help="also run vLLM 0.33's MooncakeStoreConnector sending thread (engine V) "
+                         "on the same jobs, interleaved with A and B")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    print(f"load before: {os.getloadavg()}, {os.cpu_count()} CPUs, torch threads "
+          f"{torch.get_num_threads()}")
+    kv = make_kv(args.num_blocks)
+    extra = {"store": "memory", "namespace": f"bench-{os.getpid()}",
+             "capacity_bytes": "512MB"}
+    inner = MemoryStore(512 << 20)  # small enough that evicted values are recycled (steady state)
+    store: Store = inner if args.store == "memory" else LinkStore(inner, args.gbps)
+    plant_store(extra, store)
+    a = BenchEngine(kv, args.num_blocks, extra, args.matmuls)
+    b = BenchEngine(kv, args.num_blocks, None, args.matmuls)
+    v = None
+    if args.vllm_peer:
+        from vllm_peer import FakeMooncakeStore
+
+        fake = FakeMooncakeStore(512 << 20, args.gbps if args.store == "network" else None)
+        v = BenchEngine(kv, args.num_blocks, {**extra, "namespace": extra["namespace"] + "-v"},
+                        args.matmuls, peer_store=fake)
+    ratios, ta, tb, vratios, prompts = run_rounds(args, a, b, v)
+    ws = a.wc.worker_side
+    print_saves(args, a, b, v, fake if v is not None else None, ratios, ta, tb, vratios)
+    run_loads(kv, args, extra, prompts)
     print(f"load after: {os.getloadavg()}")
     ws.close()
     return 0

@@ -134,7 +134,7 @@ def record(num_convs: int = 32, turns: int = 4) -> tuple[list[tuple], int, Any]:
     steps = sum(1 for ev in events if ev[0] == "build")
     geom = conn.geo
     e.shutdown()
-    record.real_jobs = real_jobs  # type: ignore[attr-defined]
+    record.real_jobs = real_jobs
     return events, steps, geom
 
 

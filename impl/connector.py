@@ -192,30 +192,7 @@ class TailproofConnector(KVConnectorBase_V1, SupportsHMA):
         lookahead = lookahead_problem(vllm_config)
         if lookahead is not None:
             raise ConfigError([lookahead])
-        if not self.settings.load_async and len(kv_cache_config.kv_cache_groups) > 1:
-            raise ConfigError([
-                "load_async=false needs a single KV cache group: a failed synchronous load is "
-                "reported by block id, which vLLM cannot map back to requests with several "
-                "groups (it would crash instead of recomputing)"])
-        self.settings, reuse_errors, reuse_notes = resolve_reuse_extension(
-            self.settings, self.geo, vllm_config, kv_cache_config)
-        if reuse_errors:
-            raise ConfigError(reuse_errors)
-        self.settings, native_note = native_decode_checkpoints(self.settings,
-                                                               decode_checkpoints())
-        if native_note is not None:
-            reuse_notes.append(native_note)
-        if decode_checkpoint_retention(self.settings, self.geo, kv_cache_config,
-                                       decode_checkpoints()):
-            reuse_notes.append("save_decode_cache: the core retains a Mamba state at every "
-                               f"{self.geo.scheduler_block_size}-token boundary, as vLLM's "
-                               "Mooncake connector sets it (prefix_cache_retention_interval)")
-        self.settings, divergent_errors = resolve_divergent_hits(self.settings, self.geo,
-                                                                 vllm_config)
-        if divergent_errors:
-            raise ConfigError(divergent_errors)
-        for note in reuse_notes:
-            logger.info("TailproofConnector: %s", note)
+        self.settings = self._resolve_parts(vllm_config, kv_cache_config)
         par = vllm_config.parallel_config
         # Workers of this engine (TP x PP): each stores its own shard, each reports every job.
         self.world = par.tensor_parallel_size * par.pipeline_parallel_size
@@ -230,8 +207,6 @@ class TailproofConnector(KVConnectorBase_V1, SupportsHMA):
         if role == KVConnectorRole.SCHEDULER and store_config["backend"] == "mooncake":
             store_config["global_segment_size"] = 0  # lookups only: contribute no memory
         self.store: Store = acquire_store(store_config)
-        self.scheduler_side: SchedulerSide | None = None
-        self.worker_side: WorkerSide | None = None
         self.keys = KeySpace(self.settings.namespace, self.fingerprint.digest,
                              par.tensor_parallel_size, mac_identity_text(self.secret))
         # Prefix hashes that no other process can derive (impl/hash_seed.py): warned, not
@@ -239,6 +214,40 @@ class TailproofConnector(KVConnectorBase_V1, SupportsHMA):
         self.hash_seed_problem = random_seed_problem(vllm_config.cache_config, os.environ)
         if self.hash_seed_problem is not None and role == KVConnectorRole.SCHEDULER:
             logger.warning("TailproofConnector: %s", self.hash_seed_problem)
+        self._start_role(role, par)
+
+    def _resolve_parts(self, vllm_config: Any, kv_cache_config: Any) -> Settings:
+        """The settings with every part that depends on the engine settled (the reuse
+        extension, vLLM's own decode checkpoints, divergent hits); a part asked for where it
+        cannot run is a :class:`ConfigError`, an "auto" part left off is logged."""
+        settings, geo = self.settings, self.geo
+        if not settings.load_async and len(kv_cache_config.kv_cache_groups) > 1:
+            raise ConfigError([
+                "load_async=false needs a single KV cache group: a failed synchronous load is "
+                "reported by block id, which vLLM cannot map back to requests with several "
+                "groups (it would crash instead of recomputing)"])
+        settings, reuse_errors, reuse_notes = resolve_reuse_extension(
+            settings, geo, vllm_config, kv_cache_config)
+        if reuse_errors:
+            raise ConfigError(reuse_errors)
+        settings, native_note = native_decode_checkpoints(settings, decode_checkpoints())
+        if native_note is not None:
+            reuse_notes.append(native_note)
+        if decode_checkpoint_retention(settings, geo, kv_cache_config, decode_checkpoints()):
+            reuse_notes.append("save_decode_cache: the core retains a Mamba state at every "
+                               f"{geo.scheduler_block_size}-token boundary, as vLLM's "
+                               "Mooncake connector sets it (prefix_cache_retention_interval)")
+        settings, divergent_errors = resolve_divergent_hits(settings, geo, vllm_config)
+        if divergent_errors:
+            raise ConfigError(divergent_errors)
+        for note in reuse_notes:
+            logger.info("TailproofConnector: %s", note)
+        return settings
+
+    def _start_role(self, role: KVConnectorRole, par: Any) -> None:
+        """The scheduler role's side (with its store lookup) or this rank's worker side."""
+        self.scheduler_side: SchedulerSide | None = None
+        self.worker_side: WorkerSide | None = None
         if role == KVConnectorRole.SCHEDULER:
             lookup = StoreLookup(self.geo, self.coord, self.store.exists, self.keys,
                                  self.world, self.store.removal_count, self.store.change_count)
@@ -438,7 +447,7 @@ class TailproofConnector(KVConnectorBase_V1, SupportsHMA):
             self.worker_side.close()
         store = getattr(self, "store", None)
         if store is not None:
-            self.store = None  # type: ignore[assignment]
+            self.store = None
             release_store(store)
 
     # ------------------------------------------------------------------ metrics

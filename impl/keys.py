@@ -52,7 +52,7 @@ class KeySpace:
         object.__setattr__(self, "_prefixes", {})
 
     def key(self, rank: int, group: int, block_hash: bytes, epoch: str = INITIAL_EPOCH) -> str:
-        prefixes: dict[tuple[int, int, str], str] = self._prefixes  # type: ignore[attr-defined]
+        prefixes: dict[tuple[int, int, str], str] = self._prefixes
         head = prefixes.get((rank, group, epoch))
         if head is None:
             head = self.head(rank, group, epoch)
@@ -61,7 +61,7 @@ class KeySpace:
     def head(self, rank: int, group: int, epoch: str = INITIAL_EPOCH) -> str:
         """The key of (``rank``, ``group``, ``epoch``) up to the hash: ``head + hash.hex()``
         is :meth:`key` (built once; a lookup makes its keys from these)."""
-        prefixes: dict[tuple[int, int, str], str] = self._prefixes  # type: ignore[attr-defined]
+        prefixes: dict[tuple[int, int, str], str] = self._prefixes
         head = prefixes.get((rank, group, epoch))
         if head is None:
             if len(prefixes) > 1024:  # epochs move at resets: keep the cache bounded

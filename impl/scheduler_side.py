@@ -269,11 +269,51 @@ class SchedulerSide:
     # ------------------------------------------------------------------ per-step meta
 
     def build_connector_meta(self, so: Any) -> TailproofMeta:
-        """Turn one ``SchedulerOutput`` into the workers' loads and pinned store jobs."""
-        consumer = self._consumer
+        """Turn one ``SchedulerOutput`` into the workers' loads and sealed store jobs: the
+        step's finished and preempted requests are retired, each scheduled request drafts
+        its save (and load), the core's hand-offs join the drafts, and each draft is sealed."""
         self._earlier_pins = self.metrics.pinned_blocks  # the pin budget's backlog
+        if so.finished_req_ids:
+            self._forget_finished(so.finished_req_ids)
+        preempted = set(so.preempted_req_ids or ())
+        if preempted:
+            self._retire_preempted(preempted)
+        self.admitted.clear()
+        meta = TailproofMeta(preempted_req_ids=preempted,
+                             finished_req_ids=set(so.finished_req_ids))
+        self.ext.begin_step(so, self.unfinished_requests)  # EXTENSION: the step's ends
+        pending: list[SaveDraft] = []
+        for nr in so.scheduled_new_reqs:
+            self._new_request(nr, so, pending, not self._consumer, meta)
+        cached = so.scheduled_cached_reqs
+        if not self._consumer or self.settings.save_decode_cache:
+            self._cached_requests(cached, so, pending, meta)
+        if self.load_specs:  # asynchronous loads of requests not scheduled this step
+            scheduled = {r.req_id for r in so.scheduled_new_reqs}
+            self._async_loads(scheduled.union(cached.req_ids), meta)
+        state = getattr(so, "kv_connector_block_state", None)
+        if ((not self._consumer or self._decode_checkpoints) and state is not None
+                and state.boundary_state_offloads):
+            self._handle_boundary_state_offloads(state.boundary_state_offloads, pending)
+        if pending and not self.geo.tables_append_only:
+            self._read_current_tables(pending, state)
+        stores = meta.stores
+        for d in pending:
+            if (job := self.seal(d)) is not None:
+                stores.append(job)
+        # Finish-time jobs were sealed at finish, with that moment's epoch (a reset in between
+        # must not publish their KV under the new one).
+        if self.finished_partial_tails:
+            stores.extend(self.finished_partial_tails.values())
+            self.finished_partial_tails.clear()
+        # EXTENSION: rule 3's jobs sealed at finish, then rules 1 and 3b, junction rule 2
+        self.ext.end_step(state, meta, self.unfinished_requests, self.request_trackers)
+        return meta
+
+    def _forget_finished(self, finished: Iterable[str]) -> None:
+        """Finished (or aborted) requests: every trace of them goes."""
         memo = self.lookup_client if isinstance(self.lookup_client, StoreLookup) else None
-        for rid in sorted(so.finished_req_ids):
+        for rid in sorted(finished):
             if memo is not None:
                 memo.forget(rid)  # finished or aborted while waiting
             self.ext.forget(rid)  # EXTENSION
@@ -282,7 +322,10 @@ class SchedulerSide:
             self.load_specs.pop(rid, None)
             self.request_trackers.pop(rid, None)
             self.unfinished_requests.pop(rid, None)
-        preempted = set(so.preempted_req_ids or ())
+
+    def _retire_preempted(self, preempted: set[str]) -> None:
+        """Preempted requests: the tracker reset (0.33) or dropped (0.34); the load spec and
+        entry go, unless the request was re-admitted in this same step (module docstring)."""
         for rid in sorted(preempted):  # sorted: slots return to the pool in a fixed order
             self.ext.preempted(rid, rid in self.admitted)  # EXTENSION: rule 4
             if self._drop_preempted:
@@ -296,61 +339,39 @@ class SchedulerSide:
                 continue
             self.load_specs.pop(rid, None)
             self.unfinished_requests.pop(rid, None)
-        self.admitted.clear()
-        meta = TailproofMeta(preempted_req_ids=preempted,
-                             finished_req_ids=set(so.finished_req_ids))
-        self.ext.begin_step(so, self.unfinished_requests)  # EXTENSION: the step's ends
-        pending: list[SaveDraft] = []
-        for nr in so.scheduled_new_reqs:
-            self._new_request(nr, so, pending, not consumer, meta)
-        cached = so.scheduled_cached_reqs
-        if not consumer or self.settings.save_decode_cache:
-            skip_decode = not self.settings.save_decode_cache
-            trackers, resumed, computed = (self.request_trackers, resumed_ids(cached),
-                                           cached.num_computed_tokens)
-            new_ids = cached.new_block_ids
-            for i, rid in enumerate(cached.req_ids):
-                if (skip_decode and rid not in resumed
-                        and computed[i] >= trackers[rid].prefill_end_tokens):
-                    # decode step: nothing to save (the common case, kept cheap); a new block
-                    # still joins the mirror, which later jobs read as the current table
-                    if new_ids[i]:
-                        self._extend_mirror(trackers[rid], new_ids[i])
-                    continue
-                self._cached_request(cached, i, rid, so, pending, meta)
-        if self.load_specs:  # asynchronous loads of requests not scheduled this step
-            scheduled = {r.req_id for r in so.scheduled_new_reqs}
-            self._async_loads(scheduled.union(cached.req_ids), meta)
-        state = getattr(so, "kv_connector_block_state", None)
-        if ((not consumer or self._decode_checkpoints) and state is not None
-                and state.boundary_state_offloads):
-            self._handle_boundary_state_offloads(state.boundary_state_offloads, pending)
-        if pending and not self.geo.tables_append_only:
-            # MooncakeStoreScheduler._apply_current_save_block_ids: a window or Mamba group's
-            # mirror is stale, so the jobs read the core's current tables (fresh lists). With
-            # only full-attention groups besides Mamba, the mirror is the current table of
-            # every group a job reads (Mamba states come from hand-offs), and copying the whole
-            # table each step would make a long prefill quadratic.
-            if state is None:
-                raise AssertionError("store jobs need SchedulerOutput.kv_connector_block_state")
-            core = self.geo.core_group_ids
-            for s in pending:
-                table = state.get_block_ids(s.req_id)
-                if table is None:
-                    raise AssertionError(f"no current block table for store request {s.req_id}")
-                s.block_ids = tuple([table[g] for g in core])
-        stores = meta.stores
+
+    def _cached_requests(self, cached: Any, so: Any, pending: list[SaveDraft],
+                         meta: TailproofMeta) -> None:
+        """The ``CachedRequestData`` rows: a decode step only extends the table mirror (the
+        common case, kept cheap); the others go through ``_cached_request``."""
+        skip_decode = not self.settings.save_decode_cache
+        trackers, resumed, computed = (self.request_trackers, resumed_ids(cached),
+                                       cached.num_computed_tokens)
+        new_ids = cached.new_block_ids
+        for i, rid in enumerate(cached.req_ids):
+            if (skip_decode and rid not in resumed
+                    and computed[i] >= trackers[rid].prefill_end_tokens):
+                # decode step: nothing to save; a new block still joins the mirror, which
+                # later jobs read as the current table
+                if new_ids[i]:
+                    self._extend_mirror(trackers[rid], new_ids[i])
+                continue
+            self._cached_request(cached, i, rid, so, pending, meta)
+
+    def _read_current_tables(self, pending: list[SaveDraft], state: Any) -> None:
+        """MooncakeStoreScheduler._apply_current_save_block_ids: a window or Mamba group's
+        mirror is stale, so the drafts read the core's current tables (fresh lists). With only
+        full-attention groups besides Mamba, the mirror is the current table of every group a
+        job reads (Mamba states come from hand-offs), and copying the whole table each step
+        would make a long prefill quadratic: this is not called then."""
+        if state is None:
+            raise AssertionError("store jobs need SchedulerOutput.kv_connector_block_state")
+        core = self.geo.core_group_ids
         for d in pending:
-            if (job := self.seal(d)) is not None:
-                stores.append(job)
-        # Finish-time jobs were sealed at finish, with that moment's epoch (a reset in between
-        # must not publish their KV under the new one).
-        if self.finished_partial_tails:
-            stores.extend(self.finished_partial_tails.values())
-            self.finished_partial_tails.clear()
-        # EXTENSION: rule 3's jobs sealed at finish, then rules 1 and 3b, junction rule 2
-        self.ext.end_step(state, meta, self.unfinished_requests, self.request_trackers)
-        return meta
+            table = state.get_block_ids(d.req_id)
+            if table is None:
+                raise AssertionError(f"no current block table for store request {d.req_id}")
+            d.block_ids = tuple([table[g] for g in core])
 
     def _async_loads(self, scheduled: set[str], meta: TailproofMeta) -> None:
         """``build_connector_meta``'s loads for requests waiting on them (MS:304-525)."""

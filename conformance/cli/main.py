@@ -55,7 +55,7 @@ SUBCOMMANDS: list[Callable[[Any], None]] = [
 class Parser(argparse.ArgumentParser):
     """argparse whose errors are one line and exit 2 through the CLI's contract."""
 
-    def error(self, message: str) -> Any:  # type: ignore[override]
+    def error(self, message: str) -> Any:
         raise UsageError(f"{self.prog}: {message}", f"see {self.prog} --help")
 
 

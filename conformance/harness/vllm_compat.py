@@ -303,7 +303,7 @@ def _probe_table(table: dict[str, tuple[Probe, ...]], names: list[str],
             if p not in cache:
                 cache[p] = check_probe(p)
             if cache[p]:
-                found.append(cache[p])  # type: ignore[arg-type]
+                found.append(cache[p])
         if found:
             out[a] = found
     return out

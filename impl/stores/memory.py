@@ -197,7 +197,7 @@ class MemoryStore(Store):
                             self._release(arr)
                         outs[i] = Outcome.error(message=_CLOSED if self._closed else
                                                 "value could not be produced")
-        return outs  # type: ignore[return-value]
+        return outs
 
     def _reserve(self, key: str, n: int) -> Outcome | None:
         """Reserve ``n`` bytes for ``key`` (None: reserved, fill it) or answer why not."""

@@ -298,7 +298,7 @@ class MooncakeStore(Store):
             if out[i] is None:  # a repeat of keys[first[k]] inside this batch
                 o = out[first[k]]
                 out[i] = Outcome.exists() if o is not None and o.saved else o
-        return out  # type: ignore[return-value]
+        return out
 
     def get_batch(self, keys: Sequence[str], buffers: Sequence[ByteBuffer]) -> list[Outcome]:
         check_batch(keys, buffers)
@@ -311,7 +311,7 @@ class MooncakeStore(Store):
                 return [_down_outcome(down)] * len(keys)
             self._transfer(list(range(len(keys))), keys, arrays, out,
                            self._client.batch_get_into, put=False)
-        return out  # type: ignore[return-value]
+        return out
 
     def _transfer(self, idx: list[int], keys: Sequence[str], arrays: Sequence[np.ndarray],
                   out: list[Outcome | None], op: Callable[..., list[int]], *, put: bool) -> None:

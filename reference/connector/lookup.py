@@ -47,7 +47,7 @@ class ExternalCachedBlockPool:
 def _finder(geo: StoreGeometry, sg: SpecGroup, hashes: list[bytes], max_length: int,
             pool: ExternalCachedBlockPool, drop: bool) -> int:
     """The hit length of the spec group's manager class (the reference core's finders)."""
-    _, hit = find_group_hit(sg.kind, hashes, max_length, sg.group_ids, pool,  # type: ignore[arg-type]
+    _, hit = find_group_hit(sg.kind, hashes, max_length, sg.group_ids, pool,
                        sg.block_size, drop, geo.alignment, sg.sliding_window)
     return hit
 

@@ -188,28 +188,10 @@ class ConnectorScheduler:
             offloads: Offloads, current_table: Callable[[str], tuple[list[int], ...] | None],
     ) -> list[StoreJob]:
         """mirrors ``build_connector_meta`` (MS:304-525); returns the step's metadata rows."""
-        conf, geo = self.conf, self.geo
+        conf = self.conf
         is_consumer = conf.is_consumer
         self.earlier_pins = sum(len(pins) for pins, _ in self.held.values())
-        for rid in sorted(finished):
-            self.turn_end.release(rid)  # EXTENSION: finish_turn normally did (then a no-op)
-            self.junctions.forget(rid, finished=True)  # EXTENSION (junctions)
-            self.load_specs.pop(rid, None)
-            self.request_trackers.pop(rid, None)
-            self.unfinished_requests.pop(rid, None)
-            self.unfinished_request_ids.discard(rid)
-        for rid in sorted(preempted):
-            self.turn_end.release(rid)  # EXTENSION rule 4
-            if self.rules.preempted_tracker_dropped:
-                self.request_trackers.pop(rid, None)
-            elif (t := self.request_trackers.get(rid)) is not None:
-                t.reset()
-            if rid in self.admitted:
-                continue  # DEVIATION: preempted before this step's re-admission, which stands
-            self.junctions.forget(rid, finished=False)  # EXTENSION: re-admission asks again
-            self.load_specs.pop(rid, None)
-            self.unfinished_requests.pop(rid, None)
-        self.admitted.clear()
+        self._retire(finished, preempted)
         rows: list[StoreJob] = []
         as_new = ("new", "resumed") if self.rules.resumed_as_new else ("new",)
         new = [s for s in scheduled if s.kind in as_new]  # in admission order
@@ -222,21 +204,7 @@ class ConnectorScheduler:
         if can_process_cached:
             for s in cached:
                 rows += self._cached_request(s, is_consumer)
-        scheduled_ids = {s.request.request_id for s in scheduled}
-        for rid, (req, block_ids) in list(self.unfinished_requests.items()):
-            if rid in scheduled_ids:
-                continue
-            spec = self.load_specs.pop(rid, None)
-            if spec is None or not spec.can_load:
-                continue
-            t = RequestTracker(req_id=rid, token_len=spec.kvpool_cached_tokens,
-                               allocated_block_ids=block_ids)
-            self.request_trackers[rid] = t
-            job = from_request_tracker(t, geo.scheduler_block_size, req.block_hashes,
-                                       load_spec=spec, skip_save=None,
-                                       num_prompt_tokens=req.num_prompt_tokens)
-            if job is not None:
-                rows.append(job)
+        rows += self._unscheduled_loads({s.request.request_id for s in scheduled})
         decode: dict[str, list[int]] = {}
         # 0.33 claims hand-offs for producers only; 0.34 whenever cached rows are processed.
         if offloads and (can_process_cached if self.rules.decode_checkpoints
@@ -257,8 +225,61 @@ class ConnectorScheduler:
             self._reference_save_blocks(rows)
         # EXTENSION rule 1: after the jobs are pinned, in the order above: new, then running,
         # then resumed (0.33); new and resumed in admission order, then running (0.34).
-        order = new + cached
-        h = geo.hash_block_size
+        self._turn_end_step(new + cached, current_table, rows)
+        if self.junctions.targets:  # EXTENSION (junctions): after the turn-end pass
+            self._junction_jobs(new + cached, current_table, rows)
+        return rows
+
+    def _retire(self, finished: set[str], preempted: set[str]) -> None:
+        """The preamble of ``build_connector_meta``: finished requests forgotten, preempted
+        ones reset (0.33) or dropped (0.34), their load spec and entry gone unless
+        re-admitted in this same step (DEVIATION above)."""
+        for rid in sorted(finished):
+            self.turn_end.release(rid)  # EXTENSION: finish_turn normally did (then a no-op)
+            self.junctions.forget(rid, finished=True)  # EXTENSION (junctions)
+            self.load_specs.pop(rid, None)
+            self.request_trackers.pop(rid, None)
+            self.unfinished_requests.pop(rid, None)
+            self.unfinished_request_ids.discard(rid)
+        for rid in sorted(preempted):
+            self.turn_end.release(rid)  # EXTENSION rule 4
+            if self.rules.preempted_tracker_dropped:
+                self.request_trackers.pop(rid, None)
+            elif (t := self.request_trackers.get(rid)) is not None:
+                t.reset()
+            if rid in self.admitted:
+                continue  # DEVIATION: preempted before this step's re-admission, which stands
+            self.junctions.forget(rid, finished=False)  # EXTENSION: re-admission asks again
+            self.load_specs.pop(rid, None)
+            self.unfinished_requests.pop(rid, None)
+        self.admitted.clear()
+
+    def _unscheduled_loads(self, scheduled_ids: set[str]) -> list[StoreJob]:
+        """The rows of requests not scheduled this step whose load spec can load (an
+        asynchronous load: the request waits for it)."""
+        rows: list[StoreJob] = []
+        for rid, (req, block_ids) in list(self.unfinished_requests.items()):
+            if rid in scheduled_ids:
+                continue
+            spec = self.load_specs.pop(rid, None)
+            if spec is None or not spec.can_load:
+                continue
+            t = RequestTracker(req_id=rid, token_len=spec.kvpool_cached_tokens,
+                               allocated_block_ids=block_ids)
+            self.request_trackers[rid] = t
+            job = from_request_tracker(t, self.geo.scheduler_block_size, req.block_hashes,
+                                       load_spec=spec, skip_save=None,
+                                       num_prompt_tokens=req.num_prompt_tokens)
+            if job is not None:
+                rows.append(job)
+        return rows
+
+    def _turn_end_step(self, order: list[Scheduled],
+                       current_table: Callable[[str], tuple[list[int], ...] | None],
+                       rows: list[StoreJob]) -> None:
+        """EXTENSION rules 1 and 3b: the step's snapshots, and the flush of each request whose
+        snapshot is its last boundary before a finish by length."""
+        h = self.geo.hash_block_size
         self.step_snapshots, final = self.turn_end.take_snapshots(
             [(s.request.request_id, s.num_computed_tokens + s.num_scheduled,
               s.request.num_prompt_tokens, current_table(s.request.request_id),
@@ -280,9 +301,6 @@ class ConnectorScheduler:
             self._pin_extension_job(job)
             self.turn_end.release(rid)
             rows.append(job)
-        if self.junctions.targets:  # EXTENSION (junctions): after the turn-end pass
-            self._junction_jobs(order, current_table, rows)
-        return rows
 
     def after_lookup(self, request: JunctionRequest, num_computed: int,
                      need: int | None) -> None:
@@ -299,7 +317,7 @@ class ConnectorScheduler:
         id and its pins; the connector's reference on the fresh blocks is dropped at once."""
         steps = [(s.request, s.num_computed_tokens + s.num_scheduled) for s in order
                  if s.request.request_id in self.unfinished_requests]
-        for copies, job, fresh in self.junctions.jobs(steps, current_table):  # type: ignore[arg-type]
+        for copies, job, fresh in self.junctions.jobs(steps, current_table):
             self.step_snapshots += copies
             self._pin_extension_job(job)
             self.pool.free_ids(fresh)

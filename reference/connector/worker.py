@@ -133,7 +133,7 @@ class SendingWorker:
         finally:
             live = self.stored_requests.get(job.req_id)
             if live is not None:
-                live.discard(job.store_job_id)  # type: ignore[arg-type]
+                live.discard(job.store_job_id)
             jid = job.store_job_id
             assert jid is not None
             self.completed_saves[jid] = self.completed_saves.get(jid, 0) + 1

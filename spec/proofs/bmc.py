@@ -123,92 +123,118 @@ def _search(cfg: Config, depth: int, max_states: int, deadline_s: float | None,
     t0 = time.monotonic()
     s0 = model(cfg)
     f0, lab0, ren0, jobs0 = canonical_jobs(s0, symmetry)
-    parent: dict[tuple, tuple[tuple, tuple] | None] = {f0: None}
-    none: frozenset[tuple] = frozenset()
+    run = _Search(model, symmetry, sleepy, t0, f0)
     # (state, fingerprint, names of the actions asleep there, its renaming, its jobs renamed)
-    frontier: list[_Entry] = [(s0, f0, none, lab0, ren0, jobs0)]
+    frontier: list[_Entry] = [(s0, f0, run.none, lab0, ren0, jobs0)]
     bad = check(s0)
     if bad:
         return BmcResult(False, 0, 1, False, time.monotonic() - t0, bad[0], [])
     d = 0
-    plain = model is State  # unmodified: a worker step's hash is rebuilt from its parent's
-    cov: Counter[str] = Counter()
-    # one copy of each distinct fingerprint part (most states share their tables, keys, refs
-    # with many others): the kept fingerprints are most of a search's memory
-    share = {}.setdefault
-    grew = False  # the last layer has a new state (it is not kept: see ``last``)
     while frontier and d < depth:
         d += 1
         # the states new in the last layer are checked but never expanded: they are not kept
         # (most of the memory), nor are their sleep sets computed; ``grew`` says the frontier
         # would not have emptied
-        last = d == depth
         nxt: list[_Entry] = []
         layer: dict[tuple, int] = {}  # states new in this layer -> index in nxt
-        for s, fp, names, lab, ren, jobs in frontier:
-            acts = s.enabled()
-            asleep = []
-            if names:
-                asleep = [a for a, n in zip(acts, action_names(s, acts, lab, ren, jobs),
-                                            strict=True) if n in names]
-            before: list[tuple] = []  # the actions enumerated at s so far
-            kinds: dict[tuple, str] = {}  # the sleep sets' class of each worker action at s
-            autos = rank_automorphisms(s) if symmetry else []
-            done: set[tuple] = set()  # actions taken at s (for the rank automorphisms)
-            prev: State = s
-            for act in acts:
-                if asleep and act in asleep:
-                    continue
-                if sleepy:
-                    before.append(act)
-                if autos and any(rename_ranks(act, rho) in done for rho in autos):
-                    continue  # s is fixed by rho: this successor is rho(an earlier one)
-                done.add(act)
-                t = s.apply(act)
-                if same_state(t, s) or same_state(t, prev):
-                    # a self-loop or an earlier sibling's state: seen; only its transient part
-                    # (the lookup or reset just taken) is new
-                    prev = t
-                    bad = check(t, TRANSIENT)
-                    if bad:
-                        return BmcResult(False, d, len(parent), False, time.monotonic() - t0,
-                                         bad[0], _path(parent, fp) + [act])
-                    continue
-                prev = t
-                hashed = canonical_after_worker_step(s, fp, lab, jobs, t, act, symmetry) \
-                    if plain and act[0] in WORKER else None
-                tf, tlab, tren, tjobs = hashed or canonical_jobs(t, symmetry)
-                seen = tf in parent
-                # A state merged with one already checked differs from it only by a renaming
-                # and in the fields the fingerprint leaves out: re-check just those.
-                bad = check(t, TRANSIENT if seen else None)
-                if bad:
-                    parent.setdefault(tf, (fp, act))
-                    return BmcResult(False, d, len(parent), False, time.monotonic() - t0,
-                                     bad[0], _path(parent, fp) + [act])
-                if not seen:
-                    tf = tuple(map(share, tf, tf))  # its parts: one copy of each equal one
-                    parent[tf] = (fp, act)
-                    cov.update(_events(s, act, t))
-                    if last:  # checked and counted; never expanded, so not kept
-                        grew = True
-                        continue
-                    layer[tf] = len(nxt)
-                    z = _asleep_after(s, act, asleep, before, t, tlab, tren, tjobs, kinds) \
-                        if sleepy else none
-                    nxt.append((t, tf, z, tlab, tren, tjobs))
-                elif tf in layer:  # another edge into a state new in this layer
-                    i = layer[tf]
-                    u, uf, uz, ulab, uren, ujobs = nxt[i]
-                    if uz:
-                        z = _asleep_after(s, act, asleep, before, t, tlab, tren, tjobs, kinds)
-                        nxt[i] = (u, uf, uz & z, ulab, uren, ujobs)
-            if len(parent) > max_states or (deadline_s and time.monotonic() - t0 > deadline_s):
-                return BmcResult(True, d - 1, len(parent), False, time.monotonic() - t0,
-                                 coverage=dict(cov))
+        for entry in frontier:
+            found = run.expand(entry, d, d == depth, nxt, layer)
+            if found is not None:
+                return found
+            if len(run.parent) > max_states or (deadline_s and time.monotonic() - t0
+                                                > deadline_s):
+                return BmcResult(True, d - 1, len(run.parent), False, time.monotonic() - t0,
+                                 coverage=dict(run.cov))
         frontier = nxt
-    return BmcResult(True, d, len(parent), not (frontier or grew), time.monotonic() - t0,
-                     coverage=dict(cov))
+    return BmcResult(True, d, len(run.parent), not (frontier or run.grew),
+                     time.monotonic() - t0, coverage=dict(run.cov))
+
+
+class _Search:
+    """The state of one bounded search: every state seen, with the edge it was first reached
+    by (``parent``: counterexample paths), the coverage counted, and whether the last layer
+    found a new state (``grew``)."""
+
+    def __init__(self, model: type[State], symmetry: bool, sleepy: bool, t0: float,
+                 f0: tuple) -> None:
+        self.symmetry = symmetry
+        self.sleepy = sleepy
+        self.t0 = t0
+        self.plain = model is State  # unmodified: a worker step's hash is rebuilt from its parent's
+        self.parent: dict[tuple, tuple[tuple, tuple] | None] = {f0: None}
+        self.none: frozenset[tuple] = frozenset()
+        self.cov: Counter[str] = Counter()
+        # one copy of each distinct fingerprint part (most states share their tables, keys,
+        # refs with many others): the kept fingerprints are most of a search's memory
+        self.share = {}.setdefault
+        self.grew = False  # the last layer has a new state (it is not kept)
+
+    def _violation(self, d: int, fp: tuple, act: tuple, why: str) -> BmcResult:
+        return BmcResult(False, d, len(self.parent), False, time.monotonic() - self.t0, why,
+                         _path(self.parent, fp) + [act])
+
+    def expand(self, entry: _Entry, d: int, last: bool, nxt: list[_Entry],
+               layer: dict[tuple, int]) -> BmcResult | None:
+        """Every successor of one frontier state, checked; the new ones join ``nxt`` (unless
+        ``last``). A violation is returned with its path."""
+        s, fp, names, lab, ren, jobs = entry
+        symmetry, sleepy, parent = self.symmetry, self.sleepy, self.parent
+        acts = s.enabled()
+        asleep = []
+        if names:
+            asleep = [a for a, n in zip(acts, action_names(s, acts, lab, ren, jobs),
+                                        strict=True) if n in names]
+        before: list[tuple] = []  # the actions enumerated at s so far
+        kinds: dict[tuple, str] = {}  # the sleep sets' class of each worker action at s
+        autos = rank_automorphisms(s) if symmetry else []
+        done: set[tuple] = set()  # actions taken at s (for the rank automorphisms)
+        prev: State = s
+        for act in acts:
+            if asleep and act in asleep:
+                continue
+            if sleepy:
+                before.append(act)
+            if autos and any(rename_ranks(act, rho) in done for rho in autos):
+                continue  # s is fixed by rho: this successor is rho(an earlier one)
+            done.add(act)
+            t = s.apply(act)
+            if same_state(t, s) or same_state(t, prev):
+                # a self-loop or an earlier sibling's state: seen; only its transient part
+                # (the lookup or reset just taken) is new
+                prev = t
+                bad = check(t, TRANSIENT)
+                if bad:
+                    return self._violation(d, fp, act, bad[0])
+                continue
+            prev = t
+            hashed = canonical_after_worker_step(s, fp, lab, jobs, t, act, symmetry) \
+                if self.plain and act[0] in WORKER else None
+            tf, tlab, tren, tjobs = hashed or canonical_jobs(t, symmetry)
+            seen = tf in parent
+            # A state merged with one already checked differs from it only by a renaming
+            # and in the fields the fingerprint leaves out: re-check just those.
+            bad = check(t, TRANSIENT if seen else None)
+            if bad:
+                parent.setdefault(tf, (fp, act))
+                return self._violation(d, fp, act, bad[0])
+            if not seen:
+                tf = tuple(map(self.share, tf, tf))  # its parts: one copy of each equal one
+                parent[tf] = (fp, act)
+                self.cov.update(_events(s, act, t))
+                if last:  # checked and counted; never expanded, so not kept
+                    self.grew = True
+                    continue
+                layer[tf] = len(nxt)
+                z = _asleep_after(s, act, asleep, before, t, tlab, tren, tjobs, kinds) \
+                    if sleepy else self.none
+                nxt.append((t, tf, z, tlab, tren, tjobs))
+            elif tf in layer:  # another edge into a state new in this layer
+                i = layer[tf]
+                u, uf, uz, ulab, uren, ujobs = nxt[i]
+                if uz:
+                    z = _asleep_after(s, act, asleep, before, t, tlab, tren, tjobs, kinds)
+                    nxt[i] = (u, uf, uz & z, ulab, uren, ujobs)
+        return None
 
 
 #: a frontier entry: (state, fingerprint, names asleep there, its renaming ``lab``/``ren``, its

@@ -115,7 +115,7 @@ def test_56972_side_by_side() -> None:
     ext["config"]["connector"]["decode_boundary_saves"] = True
     impl_run = run_trace(parse_trace(ext, "<x07-style>"), ["reference", "impl"], True)
     assert not impl_run.divergences and not impl_run.refused
-    assert _puts_decode_state(impl_run.observations["impl"][at])  # type: ignore[index]
+    assert _puts_decode_state(impl_run.observations["impl"][at])
     assert hf.trace_findings([impl_run]) == []  # the reference here models the extension
 
 

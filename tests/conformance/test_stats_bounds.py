@@ -61,7 +61,7 @@ def _one_line(capsys: pytest.CaptureFixture[str]) -> str:
     return err[0]
 
 
-def test_endless_body_stops_at_the_size_cap(serve, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_endless_body_stops_at_the_size_cap(serve, capsys) -> None:
     def endless(conn: socket.socket, stop: threading.Event) -> None:
         conn.sendall(HEAD)
         chunk = b"# filler\n" * 7000
@@ -80,7 +80,7 @@ def test_endless_body_stops_at_the_size_cap(serve, capsys) -> None:  # type: ign
     assert peak < 4 * stats.MAX_RESPONSE_BYTES
 
 
-def test_slow_drip_stops_at_the_deadline(serve, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_slow_drip_stops_at_the_deadline(serve, capsys) -> None:
     """One byte every 50 ms never trips a per-read socket timeout; the total one ends it."""
     def drip(conn: socket.socket, stop: threading.Event) -> None:
         conn.sendall(HEAD)
@@ -94,7 +94,7 @@ def test_slow_drip_stops_at_the_deadline(serve, capsys) -> None:  # type: ignore
     assert "did not answer in full within 1 s" in _one_line(capsys)
 
 
-def test_dripping_headers_stop_at_the_deadline(serve, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_dripping_headers_stop_at_the_deadline(serve, capsys) -> None:
     def drip(conn: socket.socket, stop: threading.Event) -> None:
         conn.sendall(b"HTTP/1.1 200 OK\r\n")
         while not stop.wait(0.05):
@@ -108,7 +108,7 @@ def test_dripping_headers_stop_at_the_deadline(serve, capsys) -> None:  # type: 
 
 
 @pytest.mark.parametrize("value", ["NaN", "+Inf", "-Inf", "-3"])
-def test_poisoned_sample_exit_2(serve, capsys, value: str) -> None:  # type: ignore[no-untyped-def]
+def test_poisoned_sample_exit_2(serve, capsys, value: str) -> None:
     body = (f'vllm:tailproof_events_total{{engine="0",event="lookups"}} 3.0\n'
             f'vllm:tailproof_events_total{{engine="0",event="lookup_tokens"}} {value}\n')
 
@@ -121,7 +121,7 @@ def test_poisoned_sample_exit_2(serve, capsys, value: str) -> None:  # type: ign
     assert f"is {value}, not a finite number >= 0" in line and "lookup_tokens" in line
 
 
-def test_nan_in_an_unused_series_is_ignored(serve, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_nan_in_an_unused_series_is_ignored(serve, capsys) -> None:
     """Only the samples stats sums are checked: another exporter's NaN is not our input."""
     body = (b'vllm:tailproof_events_total{engine="0",event="lookups"} 3.0\n'
             b'vllm:tailproof_job_latency_seconds_bucket{le="+Inf"} NaN\n'
@@ -135,7 +135,7 @@ def test_nan_in_an_unused_series_is_ignored(serve, capsys) -> None:  # type: ign
     assert '"lookups": 3' in capsys.readouterr().out
 
 
-def test_non_200_exit_2(serve, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_non_200_exit_2(serve, capsys) -> None:
     def answer(conn: socket.socket, stop: threading.Event) -> None:
         conn.sendall(b"HTTP/1.1 302 Found\r\nLocation: /x\r\nConnection: close\r\n\r\n")
 
@@ -143,7 +143,7 @@ def test_non_200_exit_2(serve, capsys) -> None:  # type: ignore[no-untyped-def]
     assert "answered HTTP 302" in _one_line(capsys)
 
 
-def test_garbage_status_line_exit_2(serve, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_garbage_status_line_exit_2(serve, capsys) -> None:
     def answer(conn: socket.socket, stop: threading.Event) -> None:
         conn.sendall(b"\x00\xffnot http at all\r\n\r\n")
 

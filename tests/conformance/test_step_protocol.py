@@ -113,8 +113,8 @@ def test_shrink_never_takes_a_candidate_that_drops_a_commit() -> None:
                      sig)
     dropped = [op for j, op in enumerate(ops) if j != 3]
     assert oracle.trace(dropped) is not None  # the loader alone lets it through
-    res = run_trace(oracle.trace(dropped), ["reference"], True)  # type: ignore[arg-type]
-    assert observed_problem(oracle.trace(dropped).ops,  # type: ignore[union-attr]
+    res = run_trace(oracle.trace(dropped), ["reference"], True)
+    assert observed_problem(oracle.trace(dropped).ops,
                             res.observations["reference"]) is not None
     assert not oracle.keeps(dropped)
     assert observed_problem(trace.ops, run_trace(trace, ["reference"]).observations[

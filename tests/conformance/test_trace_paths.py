@@ -67,13 +67,13 @@ def pipe() -> Iterator[tuple[str, int]]:
 @pytest.mark.parametrize("cmd", [
     ["validate"], ["replay", "--against", "reference"], ["record", "--adapter", "reference"],
     ["shrink", "--against", "reference"]])
-def test_device_refused_by_every_loader(cmd: list[str], capsys) -> None:  # type: ignore[no-untyped-def]
+def test_device_refused_by_every_loader(cmd: list[str], capsys) -> None:
     assert main([*cmd, "/dev/zero"]) == 2  # refused by its type: nothing is read
     assert "/dev/zero: a character device: traces are read from regular files, pipes and " \
            "FIFOs" in _one_line(capsys)
 
 
-def test_oversized_regular_file(tmp_path: Path, small_limits: None, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_oversized_regular_file(tmp_path: Path, small_limits: None, capsys) -> None:
     big = tmp_path / "big.json"
     big.write_bytes(b" " * (limits.MAX_FILE_BYTES + 1))
     assert main(["validate", str(big)]) == 2
@@ -81,7 +81,7 @@ def test_oversized_regular_file(tmp_path: Path, small_limits: None, capsys) -> N
 
 
 def test_oversized_pipe_stops_at_the_limit(pipe: tuple[str, int], small_limits: None,
-                                           capsys) -> None:  # type: ignore[no-untyped-def]
+                                           capsys) -> None:
     """The writer keeps the pipe open with more than the limit buffered: the reader stops
     at the limit instead of waiting for the end."""
     path, w = pipe
@@ -98,7 +98,7 @@ def test_oversized_pipe_stops_at_the_limit(pipe: tuple[str, int], small_limits: 
 
 
 def test_pipe_whose_writer_is_gone_reads_to_eof(pipe: tuple[str, int], small_limits: None,
-                                                capsys) -> None:  # type: ignore[no-untyped-def]
+                                                capsys) -> None:
     """``<(cat t.json)``: cat often exits before tailproof opens the pipe; the buffered bytes
     are the whole trace (no POLLHUP comes for this reader: a read of 0 after data is EOF)."""
     path, w = pipe
@@ -108,7 +108,7 @@ def test_pipe_whose_writer_is_gone_reads_to_eof(pipe: tuple[str, int], small_lim
     assert capsys.readouterr().out.startswith(f"ok {path}:")
 
 
-def test_fifo_with_a_writer(tmp_path: Path, small_limits: None, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_fifo_with_a_writer(tmp_path: Path, small_limits: None, capsys) -> None:
     fifo = tmp_path / "t.fifo"
     os.mkfifo(fifo)
     t = _writer(str(fifo), SMALL.read_bytes())
@@ -118,7 +118,7 @@ def test_fifo_with_a_writer(tmp_path: Path, small_limits: None, capsys) -> None:
 
 
 def test_fifo_nobody_writes_ends_at_the_deadline(tmp_path: Path, small_limits: None,
-                                                 capsys) -> None:  # type: ignore[no-untyped-def]
+                                                 capsys) -> None:
     fifo = tmp_path / "t.fifo"
     os.mkfifo(fifo)
     t0 = time.monotonic()
@@ -128,7 +128,7 @@ def test_fifo_nobody_writes_ends_at_the_deadline(tmp_path: Path, small_limits: N
 
 
 def test_fifo_whose_writer_stalls_ends_at_the_deadline(tmp_path: Path, small_limits: None,
-                                                       capsys) -> None:  # type: ignore[no-untyped-def]
+                                                       capsys) -> None:
     fifo = tmp_path / "t.fifo"
     os.mkfifo(fifo)
     hold = threading.Event()

@@ -93,5 +93,5 @@ def overwrite(store: Store, key: str, value: np.ndarray) -> None:
         store._data[key] = value.copy()
         store._used += value.nbytes - old.nbytes
         return
-    rc = store._client.upsert(key, value.tobytes())  # type: ignore[attr-defined]
+    rc = store._client.upsert(key, value.tobytes())
     assert rc == 0, rc

@@ -29,7 +29,7 @@ def _rss_mib() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def _connector_traces() -> list:  # type: ignore[type-arg]
+def _connector_traces() -> list:
     """Every other corpus case the impl adapter runs with its connector (half the corpus's
     connector cases: each kind of connector op, at a tenth of the full run's time)."""
     traces = [load_trace(p) for p in corpus_paths()]
@@ -38,7 +38,7 @@ def _connector_traces() -> list:  # type: ignore[type-arg]
     return runs[::2]
 
 
-def _round(traces: list) -> None:  # type: ignore[type-arg]
+def _round(traces: list) -> None:
     for t in traces:
         res = run_trace(t, ["impl"], options=OPTIONS)
         assert not res.divergences, (t.name, res.divergences[0])

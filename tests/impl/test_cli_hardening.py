@@ -19,7 +19,7 @@ import tailproof.conformance.cli.running as cli_running
 from tailproof.conformance.harness import netns
 
 
-def _options(master: str | None, store: str) -> dict:  # type: ignore[type-arg]
+def _options(master: str | None, store: str) -> dict:
     args = argparse.Namespace(store=store, mooncake_master=master, device="cpu")
     with contextlib.ExitStack() as stack:
         return cli_running.impl_options(args, ["reference", "impl"], stack)
@@ -55,14 +55,14 @@ def test_capture_unwinds_on_sigterm(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
     def shutdown(self: object) -> None:
         shut.append(True)
-        real_shutdown(self)  # type: ignore[arg-type]
+        real_shutdown(self)
 
     monkeypatch.setattr(engine_mod.CaptureEngine, "shutdown", shutdown)
     chat = run_mod.WORKLOADS["chat"]
     reached = threading.Event()
 
     def run_then_terminate(engine: object, rng: object) -> None:
-        chat.run(engine, rng)  # type: ignore[arg-type]  # a real workload, recorded
+        chat.run(engine, rng)  # a real workload, recorded
         reached.set()
         os.kill(os.getpid(), signal.SIGTERM)  # the handler raises in this (main) thread
         threading.Event().wait(60)  # only the signal ends this wait

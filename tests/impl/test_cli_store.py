@@ -97,14 +97,14 @@ def test_signal_to_the_cli_stops_the_master_it_started(mooncake_master: str,
         ready, _, _ = select.select([r], [], [], LIVENESS_S)
         assert ready, "the CLI started no master"
         line = os.read(r, 64).decode()
-        assert line.endswith("\n"), proc.stderr.read().decode()[-2000:]  # type: ignore
+        assert line.endswith("\n"), proc.stderr.read().decode()[-2000:]
         master = int(line)
         assert master in children(proc.pid)
         assert Path(f"/proc/{master}/comm").read_text().startswith("mooncake_maste")
         proc.send_signal(sig)
         rc = proc.wait(timeout=60)
         # interrupted, not a clean run (the CLI's stderr says how it ended, if it did not)
-        assert rc != 0, proc.stderr.read().decode()[-2000:]  # type: ignore[union-attr]
+        assert rc != 0, proc.stderr.read().decode()[-2000:]
         assert not alive(master), "mooncake_master outlived the CLI"
     finally:
         os.close(r)

@@ -322,7 +322,7 @@ def test_close_reports_every_queued_job() -> None:
         if name == "jobs_abandoned":  # close gave up: only now does the store answer
             store.release.set()
 
-    w.metrics.c.inc = release_at_first_abandon  # type: ignore[method-assign]
+    w.metrics.c.inc = release_at_first_abandon
     w.close(timeout=0.05)  # job 0 finishes its put; jobs 1-3 are abandoned, all reported
     assert w.wait_idle(30)  # job 0's put, released by the first abandon, has finished
     assert w.build_connector_worker_meta().completed_saves == {0: 1, 1: 1, 2: 1, 3: 1}
@@ -344,7 +344,7 @@ def test_loads_do_not_block_the_step_and_report_when_done() -> None:
         assert gate.wait(10)
         return orig(*a, **k)
 
-    store.read_batch = slow_read  # type: ignore[method-assign]
+    store.read_batch = slow_read
     w2, r2 = _worker(store)
     ctab = ([7, 8, 9], [0, 0, 10])
     returns_while_held(lambda: w2.start_load(TailproofMeta(loads=[load_b(ctab)])), gate)

@@ -84,13 +84,13 @@ def _engine(extra: dict, name: str, block: int = 16) -> object:
 def _first_hits(e: object, prompts: dict[str, list[int]], steps: int = 200) -> dict[str, int]:
     """Add every prompt, run to the end; each request's computed tokens at its first step."""
     for rid, p in prompts.items():
-        e.add(rid, p, max_tokens=2)  # type: ignore[attr-defined]
+        e.add(rid, p, max_tokens=2)
     hits: dict[str, int] = {}
-    reqs = dict(e.sched.requests)  # type: ignore[attr-defined]
+    reqs = dict(e.sched.requests)
     for _ in range(steps):
-        if not e.sched.has_requests() and not e.conn.has_pending_push_work():  # type: ignore[attr-defined]
+        if not e.sched.has_requests() and not e.conn.has_pending_push_work():
             break
-        log = e.step()  # type: ignore[attr-defined]
+        log = e.step()
         assert log.byte_errors == []
         for rid, n in log.scheduled.items():
             hits.setdefault(rid, reqs[rid].num_computed_tokens - n)
@@ -144,26 +144,26 @@ def test_hook_refuses_other_vllm_versions(monkeypatch: pytest.MonkeyPatch) -> No
     import vllm
 
     e = _engine({"junction_checkpoints": True}, "version")
-    assert e.sched.mamba_shared_prefix_checkpoint  # type: ignore[attr-defined]
+    assert e.sched.mamba_shared_prefix_checkpoint
     side = e.conn.scheduler_side
     side.ext.junctions.exact_stops = False
-    e.sched.mamba_shared_prefix_checkpoint = False  # type: ignore[attr-defined]
+    e.sched.mamba_shared_prefix_checkpoint = False
     monkeypatch.setattr(vllm, "__version__", "0.35.0")  # names not checked against it
-    e.conn.on_scheduler_built(e.sched)  # type: ignore[attr-defined]
+    e.conn.on_scheduler_built(e.sched)
     assert not side.ext.junctions.exact_stops and not e.sched.mamba_shared_prefix_checkpoint
     for checked in ("0.33.0", "0.34.0"):  # vllm_release.JUNCTION_HOOK_RELEASES
         monkeypatch.setattr(vllm, "__version__", checked)
-        e.conn.on_scheduler_built(e.sched)  # type: ignore[attr-defined]
+        e.conn.on_scheduler_built(e.sched)
         assert side.ext.junctions.exact_stops and e.sched.mamba_shared_prefix_checkpoint
         side.ext.junctions.exact_stops = False
-        e.sched.mamba_shared_prefix_checkpoint = False  # type: ignore[attr-defined]
+        e.sched.mamba_shared_prefix_checkpoint = False
     e.shutdown()
 
 
 @vllm_only
 def test_hook_is_a_no_op_when_off() -> None:
     e = _engine({"junction_checkpoints": False}, "off")
-    assert not e.sched.mamba_shared_prefix_checkpoint  # type: ignore[attr-defined]
+    assert not e.sched.mamba_shared_prefix_checkpoint
     assert e.conn.scheduler_side.ext.junction_stops() == {}
     assert type(e.conn.scheduler_side.ext).__name__ == "NoExtension"
     e.shutdown()
@@ -175,9 +175,9 @@ def test_auto_turns_every_part_on_here() -> None:
     part of the extension, the exact junction stop included."""
     e = _engine({k: "auto" for k in ("turn_end_checkpoints", "decode_boundary_saves",
                                      "junction_checkpoints")}, "auto")
-    s = e.conn.settings  # type: ignore[attr-defined]
+    s = e.conn.settings
     assert s.turn_end_checkpoints and s.decode_boundary_saves and s.junction_checkpoints
-    assert e.sched.mamba_shared_prefix_checkpoint  # type: ignore[attr-defined]
+    assert e.sched.mamba_shared_prefix_checkpoint
     e.shutdown()
 
 

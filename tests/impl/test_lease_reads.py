@@ -132,7 +132,7 @@ def test_a_read_that_outlives_its_lease_serves_verified_bytes_or_fails_closed(
     good = read_value(store, victim, n)
     other = read_value(store, keys[1][1], n)  # a valid value of another key, the same size
     assert store.put(SENTINEL, np.zeros(64, np.uint8)).ok
-    client = store._client = SplitGet(store._client)  # type: ignore[attr-defined]
+    client = store._client = SplitGet(store._client)
     fillers: list[str] = []
     seen: dict[str, Any] = {}
 

@@ -33,7 +33,7 @@ class CountingSet(set):
 
     def update(self, *others: object) -> None:
         for other in others:
-            for key in other:  # type: ignore[attr-defined]
+            for key in other:
                 self.add(key)
 
     def discard(self, key: str) -> None:

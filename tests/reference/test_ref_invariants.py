@@ -16,7 +16,7 @@ from tailproof.conformance.harness.driver import CoreDriver
 
 def check_invariants(driver: CoreDriver) -> None:
     core = driver.core
-    manager = core.manager  # type: ignore[attr-defined]
+    manager = core.manager
     pool = manager.block_pool
     holders: Counter[int] = Counter()
     for m in manager.coordinator.managers:

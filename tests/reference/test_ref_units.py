@@ -17,7 +17,7 @@ FA, MA = "full_attention", "mamba_align"
 
 def geo(groups: list[tuple[str, int]], h: int, **kw: object) -> Geometry:
     return Geometry(groups=tuple(GroupSpec(k, b) for k, b in groups), hash_block_size=h,
-                    num_blocks=kw.pop("num_blocks", 24), **kw)  # type: ignore[arg-type]
+                    num_blocks=kw.pop("num_blocks", 24), **kw)
 
 
 # --- free queue and pool --------------------------------------------------------------

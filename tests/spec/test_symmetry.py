@@ -125,7 +125,7 @@ def test_mutant_models_commute_with_renaming(name: str) -> None:
         pi, rho = _random_renaming(rng, cfg)
         t = rename(s, pi, rho)
         if hasattr(s, "_late"):
-            t._late = [(rid, pi[a], pi[b], n) for rid, a, b, n in s._late]  # type: ignore
+            t._late = [(rid, pi[a], pi[b], n) for rid, a, b, n in s._late]
         assert t.fingerprint() == s.fingerprint()
         for a in s.enabled():
             assert t.apply(rename_action(a, pi, rho)).fingerprint() == s.apply(a).fingerprint()

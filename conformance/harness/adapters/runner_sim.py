@@ -110,7 +110,7 @@ def allocate(specs: Sequence[Any], num_blocks: int, layout: str, kernel_split: i
                                      num_gpu_blocks_override=num_blocks,
                                      prefix_cache_retention_interval=None),
         attention_config=SimpleNamespace(hisparse_config=None))
-    config = get_kv_cache_config_from_groups(shim, list(specs), 0)  # type: ignore[arg-type]
+    config = get_kv_cache_config_from_groups(shim, list(specs), 0)
     kernel = []
     for g in specs:
         sp, bs = g.kv_cache_spec, g.kv_cache_spec.block_size
@@ -154,7 +154,7 @@ class SimRunner:
                         get_state_shape=lambda: ((self.CONV,), (self.SSM,)),
                         get_state_dtype=lambda: (torch.float32, torch.float32),
                         state_alignment=getattr(MambaBase, "state_alignment", 1))
-                    MambaBase.bind_kv_cache(layer, self.kv[name])  # type: ignore[arg-type]
+                    MambaBase.bind_kv_cache(layer, self.kv[name])
                     self._states[name] = layer.kv_cache
                 else:
                     kb = self.kernel_block_sizes[g]

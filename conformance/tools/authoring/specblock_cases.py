@@ -24,7 +24,7 @@ P = list(range(2000, 2100))
 def _config(fa: int, mamba: int, h: int, spec_blocks: int, num_blocks: int,
             **settings: object) -> dict[str, object]:
     doc = config([(FA, fa), (M, mamba)], h, num_blocks, **settings)
-    doc["groups"][1]["num_speculative_blocks"] = spec_blocks  # type: ignore[index]
+    doc["groups"][1]["num_speculative_blocks"] = spec_blocks
     return doc
 
 

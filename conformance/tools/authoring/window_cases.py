@@ -25,7 +25,7 @@ P = list(range(1000, 1300))
 def _window_config(window: int) -> dict[str, object]:
     doc = config([(FA, 16), (SW, 16, True), (M, 64)], 8, 96, use_eagle=True,
                  max_num_scheduled_tokens=64)
-    doc["groups"][1]["sliding_window"] = window  # type: ignore[index]
+    doc["groups"][1]["sliding_window"] = window
     return doc
 
 

@@ -102,7 +102,7 @@ class Mutant:
 
 def _m(id: str, module: str, qualname: str, find: str, replace: str, why: str,
        **kw: object) -> Mutant:
-    return Mutant(id, module, qualname, find, replace, why, **kw)  # type: ignore[arg-type]
+    return Mutant(id, module, qualname, find, replace, why, **kw)
 
 
 MUTANTS: list[Mutant] = [

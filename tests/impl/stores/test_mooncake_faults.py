@@ -54,8 +54,8 @@ class NativeCalls:
 
 def native(store: Store) -> NativeCalls:
     """Count ``store``'s calls into its Mooncake client from here on."""
-    calls = NativeCalls(store._client)  # type: ignore[attr-defined]
-    store._client = calls  # type: ignore[attr-defined]
+    calls = NativeCalls(store._client)
+    store._client = calls
     return calls
 
 
