@@ -39,22 +39,6 @@ def case(prompts: list[list[int]], truth: list[tuple[int, ...]]
     return [prompts[i] for i in SUBSET], [list(truth[i]) for i in SUBSET]
 
 
-@pytest.fixture(scope="module")
-def master(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from tailproof.conformance.harness.local_master import SLOW_READ_LEASE_TTL_MS, LocalMaster
-    from tailproof.impl.stores.mooncake import unavailable_reason
-
-    reason = unavailable_reason()
-    if reason is not None:
-        pytest.skip(f"Mooncake client unavailable: {reason}")
-    m = LocalMaster(tmp_path_factory.mktemp("mooncake"),
-                    lease_ttl_ms=SLOW_READ_LEASE_TTL_MS).start()
-    try:
-        yield m
-    finally:
-        m.stop()
-
-
 def _spec(master: Any, **kw: Any) -> EngineSpec:
     kt = tailproof_connector({"store": "mooncake", "master_address": master.address,
                               "namespace": "rt-two-engines", "global_segment_size": 64 << 20})

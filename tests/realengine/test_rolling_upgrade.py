@@ -46,23 +46,6 @@ def both_releases() -> None:
 
 
 @pytest.fixture(scope="module")
-def master(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from tailproof.conformance.harness.local_master import SLOW_READ_LEASE_TTL_MS, LocalMaster
-    from tailproof.impl.stores.mooncake import unavailable_reason
-
-    reason = unavailable_reason()
-    if reason is not None:
-        pytest.skip(f"Mooncake client unavailable: {reason}")
-    # the tests check passes served from the store: a slow read must not fail its lease
-    m = LocalMaster(tmp_path_factory.mktemp("mooncake"),
-                    lease_ttl_ms=SLOW_READ_LEASE_TTL_MS).start()
-    try:
-        yield m
-    finally:
-        m.stop()
-
-
-@pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """One model folder for both engines (the fingerprint names the model path)."""
     from tailproof.conformance.realengine.model import write_model_dir

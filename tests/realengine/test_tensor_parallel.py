@@ -38,23 +38,6 @@ def truth() -> list[tuple[int, ...]]:
 
 
 @pytest.fixture(scope="module")
-def master(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from tailproof.conformance.harness.local_master import SLOW_READ_LEASE_TTL_MS, LocalMaster
-    from tailproof.impl.stores.mooncake import unavailable_reason
-
-    reason = unavailable_reason()
-    if reason is not None:
-        pytest.skip(f"Mooncake client unavailable: {reason}")
-    # a read's lease outlives the slowest read of two worker processes on a loaded machine
-    m = LocalMaster(tmp_path_factory.mktemp("mooncake"),
-                    lease_ttl_ms=SLOW_READ_LEASE_TTL_MS).start()
-    try:
-        yield m
-    finally:
-        m.stop()
-
-
-@pytest.fixture(scope="module")
 def bed(master: Any, truth: list) -> Iterator[tb.Bed]:
     kt = tb.tailproof_connector({"store": "mooncake", "master_address": master.address,
                                  "namespace": "rt-tp2", "global_segment_size": 64 << 20,
