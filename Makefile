@@ -23,14 +23,14 @@ venv:
 check: venv
 	@$(call PER_RELEASE,$(VENV)/bin/tailproof check)
 
-# The import contracts (pyproject.toml [tool.importlinter]) first: a second, not a minute.
+# The guards first (scripts/guards.sh: ruff, no type: ignore, commit subjects, import
+# contracts): seconds, not a minute.
 test: venv
-	./scripts/lint_imports.sh
+	./scripts/guards.sh
 	@$(call PER_RELEASE,$(VENV)/bin/python -m pytest)
 
 lint: venv
-	$(VENV)/bin/ruff check .
-	./scripts/lint_imports.sh
+	./scripts/guards.sh
 
 bench: venv
 	$(VENV)/bin/python -m pytest benchmarks --benchmark-only

@@ -114,6 +114,34 @@ def lcp(a: list[int], b: list[int]) -> int:
     return i
 
 
+def _count_step(so: Any, live: dict[str, tuple[int, Any]], admitted: set[str],
+                seen: list[Any], computed: list[list[int]], total: Result) -> None:
+    """One step's figures: each newly admitted request's hit against the oracle's best
+    h-aligned common prefix with what was computed before the step, and prefill tokens."""
+    for rid, n in so.num_scheduled_tokens.items():
+        req = live[rid][1]
+        if rid not in admitted:
+            admitted.add(rid)
+            hit = req.num_computed_tokens - n
+            cap = (req.num_prompt_tokens - 1) // H * H
+            best = max((lcp(req.prompt_token_ids, t) for t in computed), default=0)
+            total.hit += hit
+            total.oracle += min(cap, best // H * H)
+            seen.append(req)
+        if req.num_computed_tokens <= req.num_prompt_tokens:
+            total.prefill += n
+
+
+def _sampled(rids: list[str], live: dict[str, tuple[int, Any]]) -> list[list[int]]:
+    """A deterministic token for each request whose scheduled chunk ends its sequence."""
+    sampled = []
+    for rid in rids:
+        req = live[rid][1]
+        done = req.num_computed_tokens >= req.num_tokens
+        sampled.append([3 + (len(req.all_token_ids) * 7) % 400] if done else [])
+    return sampled
+
+
 def run(variant: str, system: int, turns: int, output: int, seed: int,
         max_batched: int, fa_block: int) -> Result:
     from vllm.sampling_params import SamplingParams
@@ -154,27 +182,10 @@ def run(variant: str, system: int, turns: int, output: int, seed: int,
         so = sched.schedule()
         if so.num_scheduled_tokens:
             total.steps += 1
-        for rid, n in so.num_scheduled_tokens.items():
-            c, req = live[rid]
-            if rid not in admitted:
-                admitted.add(rid)
-                hit = req.num_computed_tokens - n
-                cap = (req.num_prompt_tokens - 1) // H * H
-                best = max((lcp(req.prompt_token_ids, t) for t in computed), default=0)
-                total.hit += hit
-                total.oracle += min(cap, best // H * H)
-                seen.append(req)
-            if req.num_computed_tokens <= req.num_prompt_tokens:
-                total.prefill += n
+        _count_step(so, live, admitted, seen, computed, total)
         rids = list(so.num_scheduled_tokens)
-        sampled = []
-        for rid in rids:
-            req = live[rid][1]
-            done = req.num_computed_tokens >= req.num_tokens
-            sampled.append([3 + (len(req.all_token_ids) * 7) % 400] if done else [])
-        mro = model_runner_output(rids, sampled_token_ids=sampled)
-        outs = sched.update_from_output(so, mro)
-        for o in outs.values():
+        mro = model_runner_output(rids, sampled_token_ids=_sampled(rids, live))
+        for o in sched.update_from_output(so, mro).values():
             for x in o.outputs:
                 if x.finish_reason is None:
                     continue

@@ -56,7 +56,9 @@ class Parser(argparse.ArgumentParser):
     """argparse whose errors are one line and exit 2 through the CLI's contract."""
 
     def error(self, message: str) -> Any:
-        raise UsageError(f"{self.prog}: {message}", f"see {self.prog} --help")
+        # main prints "tailproof: " before the cause: name only the subcommand here.
+        where = self.prog.removeprefix("tailproof").strip()
+        raise UsageError(f"{where}: {message}" if where else message, f"see {self.prog} --help")
 
 
 def build_parser() -> Parser:

@@ -190,6 +190,7 @@ def test_misuse_exit_2_one_line(name: str, tmp_path: Path,
     assert rc == 2, (rc, out.err)
     assert out.out == ""
     _assert_one_line(out.err, words)
+    assert not out.err.startswith("tailproof: tailproof"), out.err  # the name said once
 
 
 def test_misuse_matrix_is_wide() -> None:

@@ -8,6 +8,7 @@ miss (fail closed: nothing reaches the KV cache), never a load of foreign bytes.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
@@ -56,71 +57,77 @@ def _model(**kw: Any) -> Any:
                        dtype="float32", max_model_len=4096, **kw)
 
 
-def _variant(name: str, monkeypatch: pytest.MonkeyPatch) -> Fingerprint:
+def _load(**kw: Any) -> Any:
     from vllm.config import LoadConfig
 
+    return LoadConfig(**kw)
+
+
+def _rope_in_config_file(model: Any) -> Any:
+    """The same RoPE change reached without hf_overrides (another config.json at the same
+    path): the resolved text config is what counts, not where it came from."""
+    model = copy.copy(model)
+    text = copy.copy(model.hf_text_config)
+    text.rope_parameters = {"rope_type": "default", "rope_theta": 500000.0}
+    object.__setattr__(model, "hf_text_config", text)
+    return model
+
+
+def _other_layer_names(kvc: Any) -> Any:
+    kvc = copy.deepcopy(kvc)
+    kvc.kv_cache_groups[0].layer_names = ["model.layers.7.attn", "model.layers.9.attn"]
+    return kvc
+
+
+def _other_head_size(kvc: Any) -> Any:
+    kvc = copy.deepcopy(kvc)
+    kvc.kv_cache_groups[0].kv_cache_spec = replace(kvc.kv_cache_groups[0].kv_cache_spec,
+                                                   head_size=8)
+    return kvc
+
+
+# Each variant: the part of the engine it changes and how (the part's old value in, new out).
+VARIANT_CHANGES: dict[str, tuple[str, Callable[[Any], Any]]] = {
+    "same model again": ("model", lambda m: m),
+    "hf_overrides rope_theta": ("model", lambda _: _model(hf_overrides={"rope_theta": 500000.0})),
+    "rope_theta from the config file": ("model", _rope_in_config_file),
+    "rope_scaling": ("model", lambda _: _model(
+        hf_overrides={"rope_scaling": {"rope_type": "linear", "factor": 2.0}})),
+    "other hf_overrides": ("model", lambda _: _model(hf_overrides={"rms_norm_eps": 1e-5})),
+    "load_format dummy": ("load", lambda _: _load(load_format="dummy")),
+    "load_format gguf": ("load", lambda _: _load(load_format="gguf")),
+    "model_weights": ("model", lambda m: _set(m, model_weights="s3://bucket/other-weights")),
+    "code revision": ("model", lambda m: _set(m, code_revision="abc123")),
+    "model path": ("model", lambda m: _set(m, model="/models/other")),
+    "revision": ("model", lambda m: _set(m, revision="v2")),
+    "dtype": ("model", lambda m: _set(m, dtype=torch.bfloat16)),
+    "kv cache dtype": ("cache", lambda c: _set(c, cache_dtype="fp8")),
+    "kv cache skip layers": ("cache", lambda c: _set(
+        c, kv_cache_dtype_skip_layers=["model.layers.1.attn"])),
+    "mamba ssm dtype": ("cache", lambda c: _set(c, mamba_ssm_cache_dtype="float32")),
+    "layer names": ("kvc", _other_layer_names),
+    "tensor shape": ("kvc", _other_head_size),
+    "tp size": ("par", lambda p: _set(p, tensor_parallel_size=2)),
+    "pp size": ("par", lambda p: _set(p, pipeline_parallel_size=2)),
+    "hash algorithm": ("cache", lambda c: _set(c, prefix_caching_hash_algo="sha256_cbor")),
+    "hash seed": ("env", lambda mp: mp.setenv("PYTHONHASHSEED", "1234")),
+    "h": ("geo", lambda g: replace(g, hash_block_size=8)),
+    "block size": ("geo", lambda g: replace(g, block_sizes=(32, 32), scheduler_block_size=32)),
+}
+
+
+def _variant(name: str, monkeypatch: pytest.MonkeyPatch) -> Fingerprint:
     vc, kvc, geo = _base()
-    model, cache, par = vc.model_config, vc.cache_config, vc.parallel_config
-    load = LoadConfig()
-    if name == "same model again":
-        pass
-    elif name == "hf_overrides rope_theta":
-        model = _model(hf_overrides={"rope_theta": 500000.0})
-    elif name == "rope_theta from the config file":
-        # The same RoPE change reached without hf_overrides (another config.json at the
-        # same path): the resolved text config is what counts, not where it came from.
-        model = copy.copy(model)
-        text = copy.copy(model.hf_text_config)
-        text.rope_parameters = {"rope_type": "default", "rope_theta": 500000.0}
-        object.__setattr__(model, "hf_text_config", text)
-    elif name == "rope_scaling":
-        model = _model(hf_overrides={"rope_scaling": {"rope_type": "linear", "factor": 2.0}})
-    elif name == "other hf_overrides":
-        model = _model(hf_overrides={"rms_norm_eps": 1e-5})
-    elif name == "load_format dummy":
-        load = LoadConfig(load_format="dummy")
-    elif name == "load_format gguf":
-        load = LoadConfig(load_format="gguf")
-    elif name == "model_weights":
-        model = _set(model, model_weights="s3://bucket/other-weights")
-    elif name == "code revision":
-        model = _set(model, code_revision="abc123")
-    elif name == "model path":
-        model = _set(model, model="/models/other")
-    elif name == "revision":
-        model = _set(model, revision="v2")
-    elif name == "dtype":
-        model = _set(model, dtype=torch.bfloat16)
-    elif name == "kv cache dtype":
-        cache = _set(cache, cache_dtype="fp8")
-    elif name == "kv cache skip layers":
-        cache = _set(cache, kv_cache_dtype_skip_layers=["model.layers.1.attn"])
-    elif name == "mamba ssm dtype":
-        cache = _set(cache, mamba_ssm_cache_dtype="float32")
-    elif name == "layer names":
-        kvc = copy.deepcopy(kvc)
-        kvc.kv_cache_groups[0].layer_names = ["model.layers.7.attn", "model.layers.9.attn"]
-    elif name == "tensor shape":
-        kvc = copy.deepcopy(kvc)
-        kvc.kv_cache_groups[0].kv_cache_spec = replace(kvc.kv_cache_groups[0].kv_cache_spec,
-                                                       head_size=8)
-    elif name == "tp size":
-        par = _set(par, tensor_parallel_size=2)
-    elif name == "pp size":
-        par = _set(par, pipeline_parallel_size=2)
-    elif name == "hash algorithm":
-        cache = _set(cache, prefix_caching_hash_algo="sha256_cbor")
-    elif name == "hash seed":
-        monkeypatch.setenv("PYTHONHASHSEED", "1234")
-    elif name == "h":
-        geo = replace(geo, hash_block_size=8)
-    elif name == "block size":
-        geo = replace(geo, block_sizes=(32, 32), scheduler_block_size=32)
+    parts = {"model": vc.model_config, "cache": vc.cache_config, "par": vc.parallel_config,
+             "load": _load(), "kvc": kvc, "geo": geo}
+    part, change = VARIANT_CHANGES[name]
+    if part == "env":
+        change(monkeypatch)
     else:
-        raise AssertionError(name)
-    ns = SimpleNamespace(model_config=model, cache_config=cache, parallel_config=par,
-                         load_config=load)
-    return fingerprint_from_vllm(ns, kvc, geo)
+        parts[part] = change(parts[part])
+    ns = SimpleNamespace(model_config=parts["model"], cache_config=parts["cache"],
+                         parallel_config=parts["par"], load_config=parts["load"])
+    return fingerprint_from_vllm(ns, parts["kvc"], parts["geo"])
 
 
 DIFFERENCES = ["model path", "revision", "dtype", "kv cache dtype", "kv cache skip layers",
