@@ -49,6 +49,10 @@ class NoExtension:
 
     decode_saves = False  # rule 5: decode-time hand-offs are stored, with attention puts
     disabled = False  # set once the extension turned itself off (a step it refuses)
+    #: whether the step and job points (``begin_step``, ``job_sealed``, ``end_step``,
+    #: ``job_released``) do anything: the core skips them when not, so that with the extension
+    #: off a save never leaves the core (docs/architecture.md, "One save, walked")
+    steps = False
 
     def bind_pool(self, pool: Any) -> None:
         """vLLM's ``BlockPool``, once the scheduler has one."""
@@ -112,6 +116,8 @@ class NoExtension:
 class ReuseExtension(NoExtension):
     """The reuse extension on (``Settings.reuse_extension``): its parts, and the step state
     they share (the step's ends; whether a step turned the extension off)."""
+
+    steps = True
 
     def __init__(self, settings: Settings, geo: StoreGeometry, metrics: SchedulerMetrics,
                  seal: Seal) -> None:

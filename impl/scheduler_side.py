@@ -63,7 +63,11 @@ from tailproof.impl.meta import (
     TailproofWorkerMeta,
 )
 from tailproof.impl.metrics import SchedulerMetrics
-from tailproof.impl.vllm_release import decode_checkpoints, preempted_tracker_dropped, resumed_ids
+from tailproof.impl.vllm_release import (
+    RESUMED_ROWS,
+    decode_checkpoints,
+    preempted_tracker_dropped,
+)
 from tailproof.spec.arithmetic import NULL_BLOCK_ID, checkpoint_position, partial_tail_puts
 
 logger = logging.getLogger(__name__)
@@ -163,6 +167,7 @@ class SchedulerSide:
         self._decode_checkpoints = settings.save_decode_cache and decode_checkpoints()
         # EXTENSION (extension.py): NoExtension unless the settings turn a part of it on.
         self.ext = make_extension(settings, geo, self.metrics, self.seal)
+        self._ext_steps = self.ext.steps  # False: its step and job points are skipped
 
     # ------------------------------------------------------------------ lookup / alloc
 
@@ -281,7 +286,8 @@ class SchedulerSide:
         self.admitted.clear()
         meta = TailproofMeta(preempted_req_ids=preempted,
                              finished_req_ids=set(so.finished_req_ids))
-        self.ext.begin_step(so, self.unfinished_requests)  # EXTENSION: the step's ends
+        if self._ext_steps:
+            self.ext.begin_step(so, self.unfinished_requests)  # EXTENSION: the step's ends
         pending: list[SaveDraft] = []
         for nr in so.scheduled_new_reqs:
             self._new_request(nr, so, pending, not self._consumer, meta)
@@ -307,7 +313,8 @@ class SchedulerSide:
             stores.extend(self.finished_partial_tails.values())
             self.finished_partial_tails.clear()
         # EXTENSION: rule 3's jobs sealed at finish, then rules 1 and 3b, junction rule 2
-        self.ext.end_step(state, meta, self.unfinished_requests, self.request_trackers)
+        if self._ext_steps:  # EXTENSION
+            self.ext.end_step(state, meta, self.unfinished_requests, self.request_trackers)
         return meta
 
     def _forget_finished(self, finished: Iterable[str]) -> None:
@@ -345,7 +352,7 @@ class SchedulerSide:
         """The ``CachedRequestData`` rows: a decode step only extends the table mirror (the
         common case, kept cheap); the others go through ``_cached_request``."""
         skip_decode = not self.settings.save_decode_cache
-        trackers, resumed, computed = (self.request_trackers, resumed_ids(cached),
+        trackers, resumed, computed = (self.request_trackers, getattr(cached, RESUMED_ROWS, ()),
                                        cached.num_computed_tokens)
         new_ids = cached.new_block_ids
         for i, rid in enumerate(cached.req_ids):
@@ -421,7 +428,7 @@ class SchedulerSide:
 
     def _cached_request(self, cached: Any, i: int, rid: str, so: Any, pending: list[SaveDraft],
                         meta: TailproofMeta) -> None:
-        resumed = rid in resumed_ids(cached)  # 0.33 Model Runner V1 only (vllm_release)
+        resumed = rid in getattr(cached, RESUMED_ROWS, ())  # 0.33 Model Runner V1 only
         core_ids = cached.new_block_ids[i]  # the core's lists, per core group
         if not resumed:
             t = self.request_trackers[rid]
@@ -614,7 +621,8 @@ class SchedulerSide:
         pinned = job_id in self.held
         if t is not None and pinned:
             self._save_jobs[job_id] = [t, t.generation, None]
-        self.ext.job_sealed(job, pinned)  # EXTENSION: rule 7
+        if self._ext_steps:
+            self.ext.job_sealed(job, pinned)  # EXTENSION: rule 7
         return job
 
     def _save_pins(self, d: SaveDraft, t: RequestTracker | None) -> tuple[list[int], int]:
@@ -750,7 +758,8 @@ class SchedulerSide:
                 t, generation, off = ent
                 if t.generation == generation and job > t.confirmed[0]:
                     t.confirmed = (job, off)
-            self.ext.job_released(job)  # EXTENSION: rule 7
+            if self._ext_steps:
+                self.ext.job_released(job)  # EXTENSION: rule 7
             self.pool.free_blocks(self._held_blocks.pop(job)[::-1])
             self.metrics.pinned_blocks -= len(ids)
 

@@ -28,10 +28,10 @@ def resumed_as_cached() -> bool:
     return any(f.name == "resumed_req_ids" for f in dataclasses.fields(CachedRequestData))
 
 
-def resumed_ids(cached: object) -> frozenset[str] | set[str]:
-    """The step's resumed cached rows: ``CachedRequestData.resumed_req_ids`` on 0.33, always
-    empty on 0.34 (:func:`resumed_as_cached`)."""
-    return getattr(cached, "resumed_req_ids", frozenset())
+#: The ``CachedRequestData`` field listing the step's resumed cached rows: present on 0.33,
+#: gone on 0.34 (:func:`resumed_as_cached`), so ``getattr(cached, RESUMED_ROWS, ())`` reads
+#: them on either release (a name, not a function: the scheduler side reads it every step).
+RESUMED_ROWS = "resumed_req_ids"
 
 
 _MOONCAKE = "vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store"

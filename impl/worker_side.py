@@ -122,6 +122,7 @@ class WorkerSide:
         self.keys = KeySpace(settings.namespace, fp.digest, tp_size, mac_identity_text(secret))
         self.codec = ValueCodec(fp.raw, secret)
         self.settings = settings
+        self._can_put = settings.can_put  # read every step; settings are frozen
         self.geo = geo
         self.store = store
         self.rank = rank
@@ -375,7 +376,7 @@ class WorkerSide:
         step's forward, CoW copies and snapshots; nothing here waits."""
         if meta.snapshots:
             self.copy_snapshots(meta)
-        if self.settings.can_put and meta.stores:
+        if self._can_put and meta.stores:
             event = None
             if self.copy_stream is not None:
                 event = torch.cuda.Event()
