@@ -165,9 +165,9 @@ class SchedulerSide:
         # ``save_decode_cache`` stores decode-time Mamba checkpoints (0.34, vllm#56972 fixed).
         self._drop_preempted = preempted_tracker_dropped()
         self._decode_checkpoints = settings.save_decode_cache and decode_checkpoints()
-        # EXTENSION (extension.py): NoExtension unless the settings turn a part of it on.
+        # EXTENSION (extension.py): NoExtension unless the settings turn a part of it on; the
+        # step and job points of one whose ``steps`` is false are not called.
         self.ext = make_extension(settings, geo, self.metrics, self.seal)
-        self._ext_steps = self.ext.steps  # False: its step and job points are skipped
 
     # ------------------------------------------------------------------ lookup / alloc
 
@@ -286,7 +286,7 @@ class SchedulerSide:
         self.admitted.clear()
         meta = TailproofMeta(preempted_req_ids=preempted,
                              finished_req_ids=set(so.finished_req_ids))
-        if self._ext_steps:
+        if self.ext.steps:
             self.ext.begin_step(so, self.unfinished_requests)  # EXTENSION: the step's ends
         pending: list[SaveDraft] = []
         for nr in so.scheduled_new_reqs:
@@ -313,7 +313,7 @@ class SchedulerSide:
             stores.extend(self.finished_partial_tails.values())
             self.finished_partial_tails.clear()
         # EXTENSION: rule 3's jobs sealed at finish, then rules 1 and 3b, junction rule 2
-        if self._ext_steps:  # EXTENSION
+        if self.ext.steps:  # EXTENSION
             self.ext.end_step(state, meta, self.unfinished_requests, self.request_trackers)
         return meta
 
@@ -621,7 +621,7 @@ class SchedulerSide:
         pinned = job_id in self.held
         if t is not None and pinned:
             self._save_jobs[job_id] = [t, t.generation, None]
-        if self._ext_steps:
+        if self.ext.steps:
             self.ext.job_sealed(job, pinned)  # EXTENSION: rule 7
         return job
 
@@ -758,7 +758,7 @@ class SchedulerSide:
                 t, generation, off = ent
                 if t.generation == generation and job > t.confirmed[0]:
                     t.confirmed = (job, off)
-            if self._ext_steps:
+            if self.ext.steps:
                 self.ext.job_released(job)  # EXTENSION: rule 7
             self.pool.free_blocks(self._held_blocks.pop(job)[::-1])
             self.metrics.pinned_blocks -= len(ids)

@@ -11,6 +11,11 @@ import importlib
 import inspect
 from functools import cache
 
+#: The ``CachedRequestData`` field listing the step's resumed cached rows: present on 0.33,
+#: gone on 0.34 (:func:`resumed_as_cached`), so ``getattr(cached, RESUMED_ROWS, ())`` reads
+#: them on either release (a name, not a function: the scheduler side reads it every step).
+RESUMED_ROWS = "resumed_req_ids"
+
 
 @cache
 def resumed_as_cached() -> bool:
@@ -25,13 +30,7 @@ def resumed_as_cached() -> bool:
     """
     from vllm.v1.core.sched.output import CachedRequestData  # deferred: vLLM is heavy
 
-    return any(f.name == "resumed_req_ids" for f in dataclasses.fields(CachedRequestData))
-
-
-#: The ``CachedRequestData`` field listing the step's resumed cached rows: present on 0.33,
-#: gone on 0.34 (:func:`resumed_as_cached`), so ``getattr(cached, RESUMED_ROWS, ())`` reads
-#: them on either release (a name, not a function: the scheduler side reads it every step).
-RESUMED_ROWS = "resumed_req_ids"
+    return any(f.name == RESUMED_ROWS for f in dataclasses.fields(CachedRequestData))
 
 
 _MOONCAKE = "vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store"
