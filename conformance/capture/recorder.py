@@ -44,10 +44,8 @@ the recorder checks call by call and does not count.)
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -512,14 +510,11 @@ class Recorder:
         """An op built here (the rare kinds); ``free`` is read now, encoding happens later."""
         self._push((self.builder.emit, op, expect, self._queue.num_free_blocks))
 
-    @contextlib.contextmanager
-    def inside_op(self) -> Iterator[None]:
-        """Manager calls made inside are part of the op being recorded (not ops of their own)."""
-        self._depth += 1
-        try:
-            yield
-        finally:
-            self._depth -= 1
+    def inside_op(self) -> _InsideOp:
+        """Manager calls made inside are part of the op being recorded (not ops of their own).
+        A plain context object, not a generator: the connector recorder enters it on every
+        wrapped connector call."""
+        return _InsideOp(self)
 
     @property
     def nested(self) -> bool:
@@ -605,3 +600,18 @@ def _request_status() -> Any:
     from vllm.v1.request import RequestStatus
 
     return RequestStatus
+
+
+class _InsideOp:
+    """``Recorder.inside_op``: the recorder's depth raised while the block runs."""
+
+    __slots__ = ("rec",)
+
+    def __init__(self, rec: Recorder) -> None:
+        self.rec = rec
+
+    def __enter__(self) -> None:
+        self.rec._depth += 1
+
+    def __exit__(self, *exc: object) -> None:
+        self.rec._depth -= 1
